@@ -1,0 +1,3 @@
+from airlockd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,345 @@
+"""policies.toml -> validated, merged policy models.
+
+The default policy ships with airlockd; a workspace's own `policies.toml` is merged over it.
+Validation errors name the file, the key, what is wrong and how to fix it. Built-in invariants are
+not here (see `pipeline.classify`): no file can weaken them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pathspec
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from airlockd.errors import PolicyError
+from airlockd.resources import resource
+
+POLICY_FILE = "policies.toml"
+
+
+class Mode(StrEnum):
+    REVIEW = "review"
+    AUTO = "auto"
+
+
+class Decision(StrEnum):
+    AUTO = "auto"
+    REVIEW = "review"
+    DENY = "deny"
+
+    @property
+    def rank(self) -> int:
+        return _DECISION_RANK[self]
+
+
+_DECISION_RANK = {Decision.AUTO: 0, Decision.REVIEW: 1, Decision.DENY: 2}
+
+
+class Level(StrEnum):
+    PUBLIC = "public"
+    INTERNAL = "internal"
+    CONFIDENTIAL = "confidential"
+    SECRET = "secret"
+
+    @property
+    def rank(self) -> int:
+        return list(Level).index(self)
+
+
+def _check_patterns(patterns: list[str]) -> list[str]:
+    for p in patterns:
+        if not p.strip():
+            raise ValueError("empty pattern; remove it")
+        try:
+            pathspec.PathSpec.from_lines("gitwildmatch", [p])
+        except Exception as exc:  # pathspec raises several types for a bad pattern
+            raise ValueError(f"{p!r} is not a gitignore-style pattern: {exc}") from exc
+    return patterns
+
+
+Patterns = Annotated[list[str], AfterValidator(_check_patterns)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Model):
+    wall_time_s: float = Field(900, gt=0, le=7 * 24 * 3600)
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(1024, ge=16)
+    pids: int = Field(256, ge=8)
+    output_bytes: int = Field(10_000_000, ge=1024)
+    tmpfs_mb: int = Field(256, ge=1)
+    workspace_growth_mb: int = Field(512, ge=1)
+    grace_s: float = Field(10, ge=0, le=600)
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_fit(cls, v: float) -> float:
+        cores = os.cpu_count() or 1
+        if v > cores:
+            raise ValueError(f"{v} cores asked but this machine has {cores}; use at most {cores}")
+        return v
+
+
+class Admission(_Model):
+    max_prompt_bytes: int = Field(32_768, ge=0)
+    max_runs: int = Field(0, ge=0)
+    max_tokens: int = Field(0, ge=0)
+    max_concurrent: int = Field(2, ge=0)
+    quarantine_after: int = Field(3, ge=1)
+
+
+class Defaults(_Model):
+    mode: Mode = Mode.REVIEW
+    clearance: Level = Level.INTERNAL
+    proposal_ttl_s: float = Field(86400, gt=0)
+    max_file_bytes: int = Field(5_000_000, ge=1)
+    protected_files: Patterns = Field(default_factory=list)
+    limits: Limits = Limits()
+    admission: Admission = Admission()
+
+
+
+class AgentConfig(_Model):
+    adapter: Literal["command", "codex"] = "command"
+    command: list[str] = Field(default_factory=list)
+    prompt: Literal["stdin", "argv"] = "stdin"
+    image: str | None = None
+    mode: Mode | None = None
+    clearance: Level | None = None
+    network: Literal["none", "gateway"] = "none"
+    env: dict[str, str] = Field(default_factory=dict)
+    limits: Limits = Limits()
+    admission: Admission = Admission()
+
+    @model_validator(mode="after")
+    def _command_fits_adapter(self) -> AgentConfig:
+        if self.adapter == "command" and not self.command:
+            raise ValueError('adapter "command" needs `command = ["program", "arg", ...]`')
+        if self.prompt == "argv" and not any("{prompt}" in a for a in self.command):
+            raise ValueError('prompt = "argv" needs a "{prompt}" placeholder in `command`')
+        return self
+
+
+class Withhold(_Model):
+    patterns: Patterns = Field(default_factory=list)
+    detectors: list[str] = Field(default_factory=list)
+
+
+    @field_validator("detectors")
+    @classmethod
+    def _known_detectors(cls, v: list[str]) -> list[str]:
+        from airlockd.redact import DETECTORS
+
+        unknown = [d for d in v if d not in DETECTORS]
+        if unknown:
+            raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(DETECTORS)}")
+        return v
+
+
+class Rule(_Model):
+    match: Patterns = Field(min_length=1)
+    action: Decision
+    reason: str = Field(min_length=1)
+    id: str | None = None
+
+
+
+class Gateway(_Model):
+    upstream: str = "https://api.openai.com"
+    key_env: str | None = "OPENAI_API_KEY"
+    key_file: str | None = None
+    allowed: list[str] = Field(default_factory=lambda: ["POST /v1/responses"])
+    token_ttl_s: float = Field(3600, gt=0)
+
+
+class Policy(_Model):
+    defaults: Defaults = Defaults()
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    withhold: Withhold = Withhold()
+    labels: dict[str, Level] = Field(default_factory=dict)
+    rules: list[Rule] = Field(default_factory=list)
+    gateway: Gateway = Gateway()
+
+    @field_validator("labels")
+    @classmethod
+    def _label_patterns(cls, v: dict[str, Level]) -> dict[str, Level]:
+        _check_patterns(list(v))
+        return v
+
+    def agent(self, name: str) -> AgentConfig:
+        from airlockd.errors import NotFoundError
+
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise NotFoundError(
+                f"no agent named {name!r} in the policy (known: {known})",
+                hint=f"add an [agents.{name}] table to {POLICY_FILE}",
+            ) from None
+
+    def mode_for(self, agent: str) -> Mode:
+        return self.agent(agent).mode or self.defaults.mode
+
+    def clearance_for(self, agent: str) -> Level:
+        return self.agent(agent).clearance or self.defaults.clearance
+
+    @cached_property
+    def withhold_spec(self) -> pathspec.PathSpec:
+        return pathspec.PathSpec.from_lines("gitwildmatch", self.withhold.patterns)
+
+    @cached_property
+    def protected_spec(self) -> pathspec.PathSpec:
+        return pathspec.PathSpec.from_lines("gitwildmatch", self.defaults.protected_files)
+
+    @cached_property
+    def label_specs(self) -> list[tuple[pathspec.PathSpec, Level]]:
+        return [(pathspec.PathSpec.from_lines("gitwildmatch", [p]), lvl) for p, lvl in self.labels.items()]
+
+    @cached_property
+    def rule_specs(self) -> list[tuple[pathspec.PathSpec, Rule]]:
+        return [(pathspec.PathSpec.from_lines("gitwildmatch", r.match), r) for r in self.rules]
+
+    def label_of(self, path: str) -> Level:
+        """The highest label any pattern gives `path`; unlabelled files are internal."""
+        found = [lvl for spec, lvl in self.label_specs if spec.match_file(path)]
+        return max(found, key=lambda lvl: lvl.rank) if found else Level.INTERNAL
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A validated policy with the files it came from and the digest of its merged form."""
+
+    policy: Policy
+    revision: str
+    sources: tuple[str, ...]
+    text: str  # canonical JSON of the merged policy, kept per revision for replay
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(
+            f"{path}: not valid TOML: {exc}",
+            hint="fix the syntax at that line; the last good policy stays in force",
+            file=str(path),
+        ) from None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}", file=str(path)) from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Workspace over default: tables merge key by key, rules go first, withhold lists add up."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if key == "rules" and isinstance(value, list):
+            out["rules"] = [*value, *out.get("rules", [])]
+        elif key == "withhold" and isinstance(value, dict) and isinstance(out.get(key), dict):
+            merged = dict(out[key])
+            for k, v in value.items():
+                if isinstance(v, list) and isinstance(merged.get(k), list):
+                    merged[k] = [*merged[k], *[x for x in v if x not in merged[k]]]
+                else:
+                    merged[k] = v
+            out[key] = merged
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    # Protected instruction files are an invariant floor: a workspace may add, never remove.
+    base_protected = base.get("defaults", {}).get("protected_files", [])
+    protected = out.get("defaults", {}).get("protected_files")
+    if isinstance(protected, list):
+        out["defaults"]["protected_files"] = [*base_protected, *[p for p in protected if p not in base_protected]]
+    return out
+
+
+def _fill_agent_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each agent's limits and admission start from [defaults.limits] / [defaults.admission]."""
+    defaults = raw.get("defaults", {})
+    agents = raw.get("agents", {})
+    if not isinstance(defaults, dict) or not isinstance(agents, dict):
+        return raw
+    for agent in agents.values():
+        if not isinstance(agent, dict):
+            continue
+        for section in ("limits", "admission"):
+            base = defaults.get(section, {})
+            own = agent.get(section, {})
+            if isinstance(base, dict) and isinstance(own, dict):
+                agent[section] = {**base, **own}
+    return raw
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or check its spelling",
+    "missing": "add it",
+    "literal_error": "use one of the values listed",
+    "enum": "use one of the values listed",
+}
+
+
+def _has_key(raw: Any, loc: tuple[Any, ...]) -> bool:
+    for part in loc:
+        if isinstance(raw, dict) and part in raw:
+            raw = raw[part]
+        elif isinstance(raw, list) and isinstance(part, int) and part < len(raw):
+            raw = raw[part]
+        else:
+            return False
+    return True
+
+
+def _policy_error(exc: ValidationError, files: list[tuple[Path, dict[str, Any]]]) -> PolicyError:
+    problems = []
+    first_file: Path | None = None
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        # Name the file that holds the key: the workspace file if it has it, else the default.
+        owner = next((f for f, raw in reversed(files) if _has_key(raw, loc)), files[-1][0])
+        first_file = first_file or owner
+        msg = err["msg"].removeprefix("Value error, ")
+        fix = _FIXES.get(err["type"], "see the comments in the default policies.toml")
+        problems.append(f"{owner}: key `{key}`: {msg} ({fix})")
+    return PolicyError(
+        "invalid policy:\n  " + "\n  ".join(problems),
+        hint="correct the keys above; until then airlockd refuses to start runs under this policy",
+        file=str(first_file),
+        problems=problems,
+    )
+
+
+def load_policy(workspace: Path, default_file: Path | None = None) -> LoadedPolicy:
+    """Read, merge and validate the default policy and the workspace's own, if any."""
+    default_path = default_file or resource(POLICY_FILE)
+    files = [(default_path, _read_toml(default_path))]
+    own = workspace / POLICY_FILE
+    if own.is_file() and own.resolve() != default_path.resolve():
+        files.append((own, _read_toml(own)))
+    merged: dict[str, Any] = {}
+    for _, raw in files:
+        merged = _merge(merged, raw) if merged else copy.deepcopy(raw)
+    merged = _fill_agent_defaults(merged)
+    try:
+        policy = Policy.model_validate(merged)
+    except ValidationError as exc:
+        raise _policy_error(exc, files) from None
+    text = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    revision = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return LoadedPolicy(policy, revision, tuple(str(f) for f, _ in files), text)

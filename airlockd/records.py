@@ -1,0 +1,141 @@
+"""Persisted records: runs with their state machine, per-file review state, agent usage."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from airlockd.policy import Decision
+
+
+class RunState(StrEnum):
+    ADMITTED = "admitted"
+    STAGING = "staging"
+    RUNNING = "running"
+    INSPECTING = "inspecting"
+    PROPOSED = "proposed"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    UNDONE = "undone"
+    REJECTED_AT_ADMISSION = "rejected_at_admission"
+    STOPPED = "stopped"
+    KILLED = "killed"
+    FAILED = "failed"
+    LIMIT_EXCEEDED = "limit_exceeded"
+
+    @property
+    def live(self) -> bool:
+        return self in LIVE_STATES
+
+    @property
+    def final(self) -> bool:
+        return self not in LIVE_STATES and self is not RunState.PROPOSED
+
+
+LIVE_STATES = frozenset({RunState.ADMITTED, RunState.STAGING, RunState.RUNNING, RunState.INSPECTING})
+
+# state -> states it may move to; one transition function (Service._transition) enforces this.
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.ADMITTED: frozenset({RunState.STAGING}),
+    RunState.STAGING: frozenset({RunState.RUNNING}),
+    RunState.RUNNING: frozenset({RunState.INSPECTING}),
+    RunState.INSPECTING: frozenset({RunState.PROPOSED, RunState.APPLIED, RunState.REJECTED}),
+    RunState.PROPOSED: frozenset({RunState.PROPOSED, RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED}),
+    RunState.APPLIED: frozenset({RunState.UNDONE}),
+}
+_ENDINGS = frozenset({RunState.STOPPED, RunState.KILLED, RunState.FAILED, RunState.LIMIT_EXCEEDED})
+for _live in LIVE_STATES:
+    TRANSITIONS[_live] = TRANSITIONS[_live] | _ENDINGS
+
+
+def allowed(src: RunState, dst: RunState) -> bool:
+    return dst in TRANSITIONS.get(src, frozenset())
+
+
+class FileState(StrEnum):
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    CONFLICTED = "conflicted"
+    DENIED = "denied"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Transition(_Record):
+    state: RunState
+    at: float
+    detail: str = ""
+
+
+class FileReview(_Record):
+    """One change of a proposal: what changed, the decision and rule, and where review stands."""
+
+    path: str
+    change: str
+    decision: Decision
+    rule: str
+    reason: str
+    state: FileState = FileState.PENDING
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+
+
+class LimitHit(_Record):
+    limit: str
+    measured: float
+    allowed: float
+    source: str
+
+
+class Applied(_Record):
+    """One committed transaction of a run, kept so it can be undone."""
+
+    txid: str
+    paths: list[str]
+    at: float
+    undone: bool = False
+
+
+class RunRecord(_Record):
+    id: str
+    agent: str
+    mode: str
+    state: RunState
+    prompt: str  # redacted before it is stored
+    prompt_sha256: str
+    policy_revision: str
+    created_at: float = Field(default_factory=time.time)
+    follow_up: str | None = None
+    transitions: list[Transition] = Field(default_factory=list)
+    withheld: list[dict[str, str]] = Field(default_factory=list)
+    files: list[FileReview] = Field(default_factory=list)
+    container: dict[str, Any] = Field(default_factory=dict)
+    limit: LimitHit | None = None
+    applied: list[Applied] = Field(default_factory=list)
+    tokens: int = 0
+    output_bytes: int = 0
+    error: str | None = None
+    stopped_by: str | None = None
+
+    def file(self, path: str) -> FileReview | None:
+        return next((f for f in self.files if f.path == path), None)
+
+    @property
+    def pending(self) -> list[FileReview]:
+        return [f for f in self.files if f.state is FileState.PENDING]
+
+
+class AgentUsage(_Record):
+    name: str
+    runs_used: int = 0
+    tokens_used: int = 0
+    consecutive_violations: int = 0
+    quarantined: bool = False
+    reason: str | None = None

@@ -1,0 +1,126 @@
+"""One redaction engine for every channel: store, audit, logs, agent output, errors, notifications.
+
+`DETECTORS` are also the content detectors that keep a file out of staging. A `Redactor` knows
+the patterns plus the exact values it was told about (values of withheld files, keys, run tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+MASK = "[REDACTED]"
+
+# name -> regex over text; each pattern finds a secret, not a hint of one.
+DETECTORS: dict[str, re.Pattern[str]] = {
+    "private-key": re.compile(
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+    ),
+    "aws-access-key": re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"),
+    "github-token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+    "gitlab-token": re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b"),
+    "slack-token": re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"),
+    "openai-key": re.compile(r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}\b"),
+    "anthropic-key": re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}\b"),
+    "google-api-key": re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"),
+    "stripe-key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"),
+    "jwt": re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"),
+    "bearer": re.compile(r"(?i)\b(?:authorization\s*[:=]\s*)?bearer\s+[A-Za-z0-9._~+/=\-]{12,}"),
+    "airlock-run-token": re.compile(r"\balrt_[A-Za-z0-9_\-.]{20,}"),
+}
+
+# key = value assignments whose value looks random enough to be a credential.
+_ASSIGNMENT = re.compile(
+    r"(?i)(?P<key>[A-Za-z0-9_.\-]*(?:secret|token|passw(?:or)?d|api[_-]?key|access[_-]?key|"
+    r"private[_-]?key|credential|auth)[A-Za-z0-9_.\-]*)(?P<sep>\s*[:=]\s*[\"']?)(?P<value>[^\s\"'`,;]{12,})"
+)
+
+
+def shannon_entropy(s: str) -> float:
+    if not s:
+        return 0.0
+    counts: dict[str, int] = {}
+    for ch in s:
+        counts[ch] = counts.get(ch, 0) + 1
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def find_secrets(text: str, names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(detector, matched text) for each detector in `names` (all when None) that fires."""
+    found = []
+    for name in names if names is not None else DETECTORS:
+        pat = DETECTORS[name]
+        for m in pat.finditer(text):
+            found.append((name, m.group(0)))
+    return found
+
+
+class Redactor:
+    """Masks known secret formats, high-entropy key-like assignments and registered values.
+
+    Thread-safe; `add` grows the set of exact values (withheld file contents, keys, run tokens).
+    """
+
+    MIN_VALUE = 6  # shorter values would mask ordinary words
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: set[str] = set()
+        self._values_re: re.Pattern[str] | None = None
+        self.add(*values)
+
+    def add(self, *values: str) -> None:
+        with self._lock:
+            for v in values:
+                v = v.strip()
+                if len(v) >= self.MIN_VALUE:
+                    self._values.add(v)
+            if self._values:
+                alts = sorted(self._values, key=len, reverse=True)
+                self._values_re = re.compile("|".join(re.escape(a) for a in alts))
+
+    def add_file_values(self, text: str) -> None:
+        """Register the values of a withheld file (`KEY=value` lines, or the whole content)."""
+        vals = []
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            _, sep, value = line.partition("=")
+            if not sep:
+                _, sep, value = line.partition(":")
+            value = value.strip().strip("\"'") if sep else line
+            if len(value) >= self.MIN_VALUE:
+                vals.append(value)
+        self.add(*vals)
+
+    def text(self, s: str) -> str:
+        if not s:
+            return s
+        values_re = self._values_re
+        if values_re is not None:
+            s = values_re.sub(MASK, s)
+        for pat in DETECTORS.values():
+            s = pat.sub(MASK, s)
+
+        def _assign(m: re.Match[str]) -> str:
+            value = m.group("value")
+            if value == MASK or shannon_entropy(value) < 3.0:
+                return m.group(0)
+            return f"{m.group('key')}{m.group('sep')}{MASK}"
+
+        return _ASSIGNMENT.sub(_assign, s)
+
+    def value(self, obj: Any) -> Any:
+        """Redact every string inside a JSON-like structure (keys included)."""
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.value(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [self.value(v) for v in obj]
+        return obj

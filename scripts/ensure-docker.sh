@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine is installed and answering: installs docker.io when it is missing and
+# starts dockerd in the background when no daemon answers. Idempotent; safe to run from make.
+set -euo pipefail
+
+sock=/var/run/docker.sock
+log=${AIRLOCK_DOCKERD_LOG:-/tmp/airlockd-dockerd.log}
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! command -v dockerd >/dev/null 2>&1; then
+  echo "ensure-docker: installing the Docker engine (docker.io) and debootstrap"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq docker.io debootstrap >/dev/null
+fi
+if ! command -v debootstrap >/dev/null 2>&1; then
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq debootstrap >/dev/null
+fi
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+
+echo "ensure-docker: starting dockerd (log: $log)"
+# setsid: the engine must outlive the make process that started it.
+as_root setsid dockerd >"$log" 2>&1 < /dev/null &
+for _ in $(seq 1 120); do
+  if [ -S "$sock" ] && docker info >/dev/null 2>&1; then
+    echo "ensure-docker: engine ready"
+    exit 0
+  fi
+  sleep 0.5
+done
+echo "ensure-docker: dockerd did not answer within 60 s; see $log" >&2
+tail -n 20 "$log" >&2 || true
+exit 1

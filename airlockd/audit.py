@@ -58,8 +58,15 @@ class AuditLog:
         self.chain = chain
         self._lock = FileLock(str(path) + ".lock", timeout=30)
 
-    def append(self, kind: str, *, run: str | None = None, agent: str | None = None,
-               policy: str | None = None, **data: Any) -> dict[str, Any]:
+    def append(
+        self,
+        kind: str,
+        *,
+        run: str | None = None,
+        agent: str | None = None,
+        policy: str | None = None,
+        **data: Any,
+    ) -> dict[str, Any]:
         """Record one event; every string in it is redacted first."""
         with self._lock:
             prev, seq = GENESIS, 0
@@ -111,7 +118,11 @@ class AuditLog:
                     return ChainBreak(lineno, None, "not valid JSON")
                 seq = ev.get("seq")
                 if ev.get("prev") != prev:
-                    return ChainBreak(lineno, seq, "does not follow the event before it (deleted, inserted or reordered)")
+                    return ChainBreak(
+                        lineno,
+                        seq,
+                        "does not follow the event before it (deleted, inserted or reordered)",
+                    )
                 if ev.get("hash") != _digest(ev):
                     return ChainBreak(lineno, seq, "content does not match its hash (edited)")
                 if seq != expect_seq:

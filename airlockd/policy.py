@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pathspec
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from airlockd.errors import PolicyError
 from airlockd.resources import resource
@@ -111,7 +119,6 @@ class Defaults(_Model):
     admission: Admission = Admission()
 
 
-
 class AgentConfig(_Model):
     adapter: Literal["command", "codex"] = "command"
     command: list[str] = Field(default_factory=list)
@@ -137,7 +144,6 @@ class Withhold(_Model):
     patterns: Patterns = Field(default_factory=list)
     detectors: list[str] = Field(default_factory=list)
 
-
     @field_validator("detectors")
     @classmethod
     def _known_detectors(cls, v: list[str]) -> list[str]:
@@ -154,7 +160,6 @@ class Rule(_Model):
     action: Decision
     reason: str = Field(min_length=1)
     id: str | None = None
-
 
 
 class Gateway(_Model):
@@ -265,7 +270,10 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     base_protected = base.get("defaults", {}).get("protected_files", [])
     protected = out.get("defaults", {}).get("protected_files")
     if isinstance(protected, list):
-        out["defaults"]["protected_files"] = [*base_protected, *[p for p in protected if p not in base_protected]]
+        out["defaults"]["protected_files"] = [
+            *base_protected,
+            *[p for p in protected if p not in base_protected],
+        ]
     return out
 
 
@@ -296,9 +304,9 @@ _FIXES = {
 
 def _has_key(raw: Any, loc: tuple[Any, ...]) -> bool:
     for part in loc:
-        if isinstance(raw, dict) and part in raw:
-            raw = raw[part]
-        elif isinstance(raw, list) and isinstance(part, int) and part < len(raw):
+        if (isinstance(raw, dict) and part in raw) or (
+            isinstance(raw, list) and isinstance(part, int) and part < len(raw)
+        ):
             raw = raw[part]
         else:
             return False

@@ -85,6 +85,11 @@ class FileReview(_Record):
     state: FileState = FileState.PENDING
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
+    base_blob: str | None = None  # copy of the live content the change was made against
+
+    @property
+    def kind(self) -> str:
+        return str((self.after or self.before or {}).get("kind", "file"))
 
 
 class LimitHit(_Record):
@@ -113,6 +118,8 @@ class RunRecord(_Record):
     policy_revision: str
     created_at: float = Field(default_factory=time.time)
     follow_up: str | None = None
+    proposed_at: float | None = None
+    injection_markers: list[str] = Field(default_factory=list)
     transitions: list[Transition] = Field(default_factory=list)
     withheld: list[dict[str, str]] = Field(default_factory=list)
     files: list[FileReview] = Field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Adapters that turn (agent, prompt) into a container command."""

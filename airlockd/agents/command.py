@@ -1,0 +1,27 @@
+"""The `command` adapter: any argv, the prompt on standard input or in a "{prompt}" placeholder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airlockd.policy import AgentConfig
+
+PLACEHOLDER = "{prompt}"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    argv: list[str]
+    stdin_file: Path | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def invocation(agent: AgentConfig, prompt: str, run_dir: Path) -> Invocation:
+    """The argv and stdin for one run; the prompt file is private to the run (0600)."""
+    if agent.prompt == "argv":
+        return Invocation([a.replace(PLACEHOLDER, prompt) for a in agent.command], None, dict(agent.env))
+    prompt_file = run_dir / "prompt"
+    prompt_file.write_text(prompt)
+    prompt_file.chmod(0o644)  # read by the container's non-root user, mounted read-only
+    return Invocation(list(agent.command), prompt_file, dict(agent.env))

@@ -1,0 +1,339 @@
+"""Command line: parses, calls the service, prints. Exit codes live in errors.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from airlockd import __version__
+from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError
+from airlockd.pipeline.manifest import display
+from airlockd.records import RunRecord, RunState
+
+Handler = Callable[[argparse.Namespace], Any]
+_ENDED_BADLY = {RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
+
+
+def _service(args: argparse.Namespace) -> Any:
+    from airlockd.service import Service
+
+    return Service(Path(args.workspace), actor="cli")
+
+
+def _run_json(rec: RunRecord) -> dict[str, Any]:
+    d = rec.model_dump(mode="json")
+    d.pop("transitions", None)
+    return d
+
+
+def _print_run(rec: RunRecord) -> None:
+    print(f"run {rec.id}  agent {rec.agent}  mode {rec.mode}  state {rec.state.value}")
+    if rec.transitions and rec.transitions[-1].detail:
+        print(f"  {rec.transitions[-1].detail}")
+    if rec.limit:
+        print(
+            f"  limit exceeded: {rec.limit.limit} measured {rec.limit.measured} > allowed {rec.limit.allowed}"
+            f" ({rec.limit.source})"
+        )
+    if rec.withheld:
+        print(f"  withheld from the agent: {', '.join(display(w['path']) for w in rec.withheld)}")
+    if rec.files:
+        print("  changes:")
+        for f in rec.files:
+            print(
+                f"    {f.decision.value:6} {f.state.value:10} {f.change:12} {display(f.path)}   [{f.rule}: {f.reason}]"
+            )
+    elif rec.state in (RunState.PROPOSED, RunState.APPLIED, RunState.REJECTED):
+        print("  no changes")
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> Any:
+    svc = _service(args)
+    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
+    rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
+    if args.wait:
+
+        def progress(stage: str, msg: str) -> None:
+            if not args.json:
+                print(f"[{stage}] {msg}", file=sys.stderr)
+
+        rec = svc.execute(rec.id, progress)
+    else:  # the run continues in its own process; `airlockd show RUN` follows it
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airlockd",
+                "--workspace",
+                str(svc.workspace),
+                "_execute",
+                rec.id,
+            ],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(svc.state.run_dir(rec.id) / "daemon.log", "ab"),  # noqa: SIM115
+        )
+    return rec
+
+
+def cmd_execute(args: argparse.Namespace) -> Any:
+    return _service(args).execute(args.run)
+
+
+def cmd_runs(args: argparse.Namespace) -> Any:
+    runs = _service(args).store.list_runs()
+    if args.json:
+        return [_run_json(r) for r in runs]
+    for r in runs:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
+        print(f"{r.id}  {when}  {r.agent:12} {r.state.value:22} {len(r.files):3} changes  {r.prompt[:50]!r}")
+    return None
+
+
+def cmd_show(args: argparse.Namespace) -> Any:
+    svc = _service(args)
+    rec = svc.store.get_run(args.run)
+    if args.json:
+        d = _run_json(rec)
+        d["transitions"] = [t.model_dump(mode="json") for t in rec.transitions]
+        d["timeline"] = list(svc.audit.events(run=rec.id))
+        d["policy_sources"] = list(svc.loaded.sources)
+        return d
+    _print_run(rec)
+    print("  timeline:")
+    for t in rec.transitions:
+        print(f"    {time.strftime('%H:%M:%S', time.localtime(t.at))} {t.state.value} {t.detail}")
+    if rec.container:
+        c = rec.container
+        print(f"  container: exit {c.get('exit_code')} in {c.get('duration_s')} s, image {c.get('image')}")
+    log = svc.state.run_dir(rec.id) / "output.log"
+    if log.exists() and log.stat().st_size:
+        print(f"  agent output (redacted, not evidence): {log}")
+    return None
+
+
+def cmd_diff(args: argparse.Namespace) -> Any:
+    text = _service(args).review.diff(args.run, args.path)
+    if args.json:
+        return {"run": args.run, "diff": text}
+    sys.stdout.write(text)
+    return None
+
+
+def cmd_approve(args: argparse.Namespace) -> Any:
+    result = _service(args).review.approve(args.run, args.path or None)
+    if args.json:
+        return {
+            "run": _run_json(result.run),
+            "applied": result.applied,
+            "conflicts": result.conflicts,
+        }
+    for p in result.applied:
+        print(f"applied  {display(p)}")
+    _print_run(result.run)
+    return None
+
+
+def cmd_reject(args: argparse.Namespace) -> Any:
+    return _service(args).review.reject(args.run, args.path or None)
+
+
+def cmd_undo(args: argparse.Namespace) -> Any:
+    return _service(args).review.undo(args.run)
+
+
+def cmd_stop(args: argparse.Namespace) -> Any:
+    return _service(args).stop(args.run, kill=args.command == "kill")
+
+
+def cmd_agents(args: argparse.Namespace) -> Any:
+    agents = _service(args).agents()
+    if args.json:
+        return agents
+    for a in agents:
+        q = f"QUARANTINED ({a['reason']})" if a["quarantined"] else "ok"
+        print(f"{a['agent']:14} {a['adapter']:8} runs {a['runsUsed']:4}  tokens {a['tokensUsed']:8}  {q}")
+    return None
+
+
+def cmd_release(args: argparse.Namespace) -> Any:
+    return _service(args).release(args.agent)
+
+
+def cmd_audit(args: argparse.Namespace) -> Any:
+    svc = _service(args)
+    if args.verify:
+        brk = svc.audit.verify()
+        if brk is None:
+            n = sum(1 for _ in svc.audit.events())
+            return {"ok": True, "events": n} if args.json else print(f"audit chain intact: {n} events")
+        raise AirlockError(
+            f"audit chain broken at line {brk.line} (seq {brk.seq}): {brk.problem}",
+            hint="the audit log was edited after it was written; keep a copy for investigation",
+            line=brk.line,
+            seq=brk.seq,
+        )
+    events = list(svc.audit.events(run=args.run))
+    if args.json:
+        return events
+    for ev in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev["at"]))
+        print(f"{ev['seq']:6} {when} {ev['kind']:22} {ev.get('run') or '-':14} {json.dumps(ev['data'])}")
+    return None
+
+
+def cmd_runtime(args: argparse.Namespace) -> Any:
+    import docker
+
+    from airlockd.sandbox.image import ensure_image
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        from airlockd.errors import EngineError
+
+        raise EngineError(
+            f"the Docker engine does not answer: {exc}",
+            hint="run scripts/ensure-docker.sh (or start dockerd)",
+        ) from None
+    tag = ensure_image(client, force=args.force, progress=lambda m: print(m, file=sys.stderr))
+    return {"image": tag} if args.json else print(tag)
+
+
+def cmd_doctor(args: argparse.Namespace) -> Any:
+    from airlockd.doctor import run_checks
+
+    checks = run_checks(Path(args.workspace))
+    if args.json:
+        return {"ok": all(c["ok"] for c in checks), "checks": checks}
+    for c in checks:
+        print(f"[{'ok' if c['ok'] else 'FAIL':4}] {c['name']}: {c['detail']}")
+        if not c["ok"] and c.get("fix"):
+            print(f"       fix: {c['fix']}")
+    return None if all(c["ok"] for c in checks) else EXIT_ERROR
+
+
+def cmd_demo(args: argparse.Namespace) -> Any:
+    from airlockd.demo import run_demo
+
+    return run_demo(Path(args.demo_dir) if args.demo_dir else None)
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--workspace",
+        default=argparse.SUPPRESS,
+        help="project folder (default: the current directory)",
+    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON document on stdout")
+    p = argparse.ArgumentParser(
+        prog="airlockd", parents=[common], description="Run coding agents without trusting them."
+    )
+    p.add_argument("--version", action="version", version=f"airlockd {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Handler, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("run", cmd_run, "admit and start a run")
+    sp.add_argument("--agent", required=True)
+    sp.add_argument("--mode", choices=["review", "auto"])
+    sp.add_argument("--follow-up", metavar="RUN")
+    sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
+    sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
+    sp = sub.add_parser("_execute", parents=[common])
+    sp.set_defaults(fn=cmd_execute)
+    sp.add_argument("run")
+    add("runs", cmd_runs, "list runs")
+    add("show", cmd_show, "one run with its changes, decisions and evidence").add_argument("run")
+    sp = add("diff", cmd_diff, "unified diff of a proposal")
+    sp.add_argument("run")
+    sp.add_argument("path", nargs="?")
+    for name, fn, what in (("approve", cmd_approve, "commit"), ("reject", cmd_reject, "discard")):
+        sp = add(name, fn, f"{what} all pending changes, or the chosen paths")
+        sp.add_argument("run")
+        sp.add_argument(
+            "--path",
+            action="append",
+            metavar="P",
+            help="a file or folder of the proposal (repeatable)",
+        )
+    add("undo", cmd_undo, "reverse what a run applied").add_argument("run")
+    add("stop", cmd_stop, "graceful stop: SIGTERM, grace period, then kill").add_argument("run")
+    add("kill", cmd_stop, "immediate kill").add_argument("run")
+    add("agents", cmd_agents, "agents with usage and quarantine")
+    add("release", cmd_release, "lift an agent's quarantine").add_argument("agent")
+    sp = add("audit", cmd_audit, "the audit timeline")
+    sp.add_argument("--verify", action="store_true", help="check the hash chain")
+    sp.add_argument("--run", help="only this run's events")
+    sp = add("runtime", cmd_runtime, "the agent runtime image")
+    sp.add_argument("action", choices=["build"])
+    sp.add_argument("--force", action="store_true", help="rebuild even when the image exists")
+    add("doctor", cmd_doctor, "check the engine, image, policy and state directory")
+    sp = add("demo", cmd_demo, "a sample workspace and a scripted agent, end to end")
+    sp.add_argument("--dir", dest="demo_dir", help="where to create the sample workspace")
+    return p
+
+
+def _emit(result: Any, as_json: bool) -> int:
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    rec = result if isinstance(result, RunRecord) else None
+    if as_json and result is not None:
+        out = _run_json(result) if rec else result
+        if isinstance(out, dict) and rec is not None:
+            out = {**out, "timeline": [t.model_dump(mode="json") for t in rec.transitions]}
+        print(json.dumps(out, indent=2, default=str))
+    elif rec is not None:
+        _print_run(rec)
+    elif isinstance(result, dict) and not as_json:
+        print(json.dumps(result, indent=2, default=str))
+    if rec is not None and rec.state in _ENDED_BADLY:
+        return EXIT_LIMIT
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) if exc.code in (0, None) else EXIT_USAGE
+    args.workspace = getattr(args, "workspace", None) or os.getcwd()
+    args.json = getattr(args, "json", False)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="airlockd: %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _emit(args.fn(args), args.json)
+    except AirlockError as exc:
+        if args.json:
+            print(json.dumps(exc.to_json(), indent=2, default=str))
+        else:
+            print(f"airlockd: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("airlockd: interrupted", file=sys.stderr)
+        return 130

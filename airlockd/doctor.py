@@ -1,0 +1,103 @@
+"""`airlockd doctor`: each thing airlockd needs, whether it is there, and how to fix it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Check = dict[str, Any]
+
+
+def _check(name: str, fn: Callable[[], str], fix: str) -> Check:
+    try:
+        return {"name": name, "ok": True, "detail": fn()}
+    except Exception as exc:  # every failure becomes a line of the report, never a traceback
+        return {"name": name, "ok": False, "detail": str(exc).splitlines()[0], "fix": fix}
+
+
+def run_checks(workspace: Path) -> list[Check]:
+    checks: list[Check] = []
+    client: Any = None
+
+    def engine() -> str:
+        nonlocal client
+        import docker
+
+        client = docker.from_env(timeout=10)
+        v = client.version()
+        info = client.info()
+        return f"Docker {v.get('Version')}, cgroup v{info.get('CgroupVersion', '?')}, storage {info.get('Driver')}"
+
+    checks.append(
+        _check(
+            "container engine",
+            engine,
+            "run scripts/ensure-docker.sh (installs docker.io and starts dockerd)",
+        )
+    )
+
+    def image() -> str:
+        from airlockd.sandbox.image import image_tag
+
+        tag = image_tag()
+        if client is None:
+            raise RuntimeError("no engine to ask")
+        img = client.images.get(tag)
+        return f"{tag} ({img.attrs.get('Size', 0) // 2**20} MB)"
+
+    checks.append(_check("runtime image", image, "airlockd runtime build"))
+
+    def builder() -> str:
+        found = shutil.which("debootstrap")
+        if not found:
+            raise RuntimeError("debootstrap is not installed (needed only to build the image)")
+        return found
+
+    checks.append(_check("image builder", builder, "apt-get install debootstrap"))
+
+    def policy() -> str:
+        from airlockd.policy import load_policy
+
+        lp = load_policy(workspace)
+        agents = ", ".join(sorted(lp.policy.agents)) or "none"
+        return f"revision {lp.revision} from {', '.join(lp.sources)}; agents: {agents}"
+
+    checks.append(_check("policy", policy, "correct the keys named above in policies.toml"))
+
+    def state() -> str:
+        from airlockd.state import StateDir
+
+        sd = StateDir.for_workspace(workspace).ensure()
+        with tempfile.NamedTemporaryFile(dir=sd.root):
+            pass
+        left = list(sd.journal.glob("*.json"))
+        if left:
+            raise RuntimeError(f"{len(left)} unfinished commit journal(s) in {sd.journal}")
+        return f"{sd.root} (writable)"
+
+    checks.append(
+        _check(
+            "state directory",
+            state,
+            "run any airlockd command to recover the journal, or set AIRLOCK_STATE_DIR",
+        )
+    )
+
+    def staging() -> str:
+        return "full copy per run (overlay staging is not implemented yet)"
+
+    checks.append(_check("stager", staging, ""))
+
+    def user() -> str:
+        return (
+            "root: staging copies are given to uid 1000, the agent's user"
+            if os.getuid() == 0
+            else f"agent runs as uid {os.getuid()}"
+        )
+
+    checks.append(_check("agent user", user, ""))
+    return checks

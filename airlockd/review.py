@@ -1,0 +1,330 @@
+"""Review of a proposal: approve / reject / undo files, conflict detection, diffs.
+
+Every approval is its own transaction through `pipeline.commit`; a run stays `proposed` while any
+change is pending and settles to `applied` or `rejected` when none is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from airlockd.errors import ConflictError, StateError, UsageError
+from airlockd.pipeline.commit import FileOp, commit, undo_ops
+from airlockd.pipeline.hunks import is_binary, unified_diff
+from airlockd.pipeline.manifest import Entry, Kind, display, sha256_file
+from airlockd.records import Applied, FileReview, FileState, RunRecord, RunState
+
+if TYPE_CHECKING:
+    from airlockd.service import Service
+
+
+@dataclass
+class ApproveResult:
+    run: RunRecord
+    applied: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def _entry(d: dict[str, object] | None) -> Entry | None:
+    return Entry.from_json(d) if d else None  # type: ignore[arg-type]
+
+
+class Review:
+    def __init__(self, service: Service) -> None:
+        self.svc = service
+
+    # -- after inspection ---------------------------------------------------------------------
+
+    def keep_base_blobs(self, run_id: str, files: list[FileReview]) -> None:
+        """Copy the live content each modified/deleted file was changed against, for diffs and
+        hunks. A live file that no longer matches the staged base is already a conflict."""
+        blobs = self.svc.state.run_dir(run_id) / "base"
+        blobs.mkdir(exist_ok=True)
+        for n, f in enumerate(files):
+            before = _entry(f.before)
+            if before is None or before.kind is not Kind.FILE or f.state is FileState.DENIED:
+                continue
+            live = self.svc.workspace / f.path
+            blob = blobs / str(n)
+            try:
+                shutil.copyfile(live, blob, follow_symlinks=False)
+                same = sha256_file(blob) == before.sha256
+            except OSError:
+                same = False
+            if same:
+                f.base_blob = str(n)
+            else:
+                blob.unlink(missing_ok=True)
+                f.state = FileState.CONFLICTED
+
+    # -- selection ----------------------------------------------------------------------------
+
+    def _select(self, rec: RunRecord, paths: Collection[str] | None) -> list[FileReview]:
+        if not paths:
+            return list(rec.pending)
+        chosen: dict[str, FileReview] = {}
+        for p in paths:
+            p = p.strip("/")
+            hits = [f for f in rec.files if _under(f.path, p)]
+            if not hits:
+                raise UsageError(
+                    f"run {rec.id} has no change at {display(p)}",
+                    hint=f"`airlockd show {rec.id}` lists them",
+                )
+            for f in hits:
+                if f.state is FileState.DENIED and f.path == p:
+                    raise StateError(f"{display(f.path)} is denied by {f.rule} ({f.reason}); it cannot be approved")
+                if f.state is FileState.PENDING:
+                    chosen[f.path] = f
+        return list(chosen.values())
+
+    def _expand(self, rec: RunRecord, chosen: list[FileReview]) -> list[FileReview]:
+        """Directories follow their contents: a created parent lands with its first file; a
+        deleted directory goes only once everything under it is gone."""
+        names = {f.path for f in chosen}
+        out = list(chosen)
+        for f in rec.files:
+            if f.state is not FileState.PENDING or f.path in names or f.kind != Kind.DIR.value:
+                continue
+            if f.change == "created" and any(_under(c, f.path) for c in names):
+                out.append(f)
+                names.add(f.path)
+        kept = []
+        for f in out:
+            if f.kind == Kind.DIR.value and f.change == "deleted":
+                inside = [g for g in rec.files if g.path != f.path and _under(g.path, f.path)]
+                if any(g.path not in names and g.state is not FileState.ACCEPTED for g in inside):
+                    continue  # something below it stays: the directory stays too
+            kept.append(f)
+        return kept
+
+    def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[FileOp]:
+        staging = self.svc.state.run_dir(rec.id) / "staging"
+        ops = []
+        for f in files:
+            new = _entry(f.after)
+            ops.append(
+                FileOp(
+                    f.path,
+                    _entry(f.before),
+                    new,
+                    staging / f.path if new and new.kind is Kind.FILE else None,
+                )
+            )
+        return ops
+
+    def _check_open(self, rec: RunRecord) -> None:
+        if rec.state is RunState.PROPOSED and rec.proposed_at is not None:
+            ttl = self.svc.policy.defaults.proposal_ttl_s
+            if time.time() - rec.proposed_at > ttl:
+                self.svc.transition(rec, RunState.EXPIRED, f"not decided within {ttl:.0f} s")
+                self.cleanup(rec)
+                raise StateError(f"run {rec.id} expired: its proposal was not decided within {ttl:.0f} s")
+        if rec.state is not RunState.PROPOSED:
+            raise StateError(f"run {rec.id} is {rec.state.value}; only a proposed run can be decided")
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def approve(
+        self,
+        run_id: str,
+        paths: Collection[str] | None = None,
+        *,
+        actor: str | None = None,
+        dirty: Collection[str] = (),
+        allow_conflict: bool = False,
+    ) -> ApproveResult:
+        """Commit the chosen pending changes (all when `paths` is empty) in one transaction.
+
+        A file whose live content moved since staging, or that has unsaved editor changes
+        (`dirty`), is marked conflicted and NOTHING is written (ConflictError), unless
+        `allow_conflict`, where the rest lands and the conflicted files are reported."""
+        svc = self.svc
+        rec = svc.store.get_run(run_id)
+        self._check_open(rec)
+        chosen = self._expand(rec, self._select(rec, paths))
+        if not chosen:
+            raise StateError(f"run {rec.id}: nothing pending to approve in that selection")
+        actor = actor or svc.actor
+        dirty_hits = [f.path for f in chosen if f.path in set(dirty)]
+        conflicts = list(dirty_hits)
+        txid = f"{rec.id}-{len(rec.applied) + 1}"
+        applied: list[str] = []
+        todo = [f for f in chosen if f.path not in dirty_hits]
+        while todo:
+            if conflicts and not allow_conflict:
+                break
+            try:
+                result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, self._ops(rec, todo))
+            except ConflictError as exc:
+                conflicts.extend(exc.paths)
+                todo = [f for f in todo if f.path not in set(exc.paths)]
+                continue
+            applied = list(result.applied)
+            break
+        rec = svc.store.update_run(rec.id, lambda r: self._mark(r, applied, conflicts, txid))
+        svc.audit.append(
+            "review.approve",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            by=actor,
+            selection=sorted(paths) if paths else "all pending",
+            applied=applied,
+            conflicts=conflicts,
+        )
+        if conflicts and not allow_conflict:
+            names = ", ".join(display(p) for p in conflicts)
+            raise ConflictError(
+                f"nothing was written: {names} changed since the run was staged"
+                + (" or has unsaved changes in the editor" if dirty_hits else ""),
+                paths=conflicts,
+                hint="save or revert the file, then reject those paths, or start a new run on the current files",
+            )
+        return ApproveResult(self.settle(rec.id), applied, conflicts)
+
+    @staticmethod
+    def _mark(r: RunRecord, applied: list[str], conflicts: list[str], txid: str) -> None:
+        for f in r.files:
+            if f.path in applied:
+                f.state = FileState.ACCEPTED
+            elif f.path in conflicts:
+                f.state = FileState.CONFLICTED
+        if applied:
+            r.applied.append(Applied(txid=txid, paths=applied, at=time.time()))
+
+    def reject(self, run_id: str, paths: Collection[str] | None = None, *, actor: str | None = None) -> RunRecord:
+        """Discard the chosen pending (or conflicted) changes; the workspace is not touched."""
+        svc = self.svc
+        rec = svc.store.get_run(run_id)
+        self._check_open(rec)
+        if paths:
+            names = {f.path for f in self._select(rec, paths)}
+            names |= {
+                f.path for f in rec.files if f.state is FileState.CONFLICTED and any(_under(f.path, p) for p in paths)
+            }
+        else:
+            names = {f.path for f in rec.files if f.state in (FileState.PENDING, FileState.CONFLICTED)}
+
+        def mark(r: RunRecord) -> None:
+            for f in r.files:
+                if f.path in names:
+                    f.state = FileState.REJECTED
+
+        rec = svc.store.update_run(rec.id, mark)
+        svc.audit.append(
+            "review.reject",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            by=actor or svc.actor,
+            paths=sorted(names),
+        )
+        return self.settle(rec.id)
+
+    def settle(self, run_id: str) -> RunRecord:
+        """Close the run when no change is pending: applied if anything landed, else rejected."""
+        rec = self.svc.store.get_run(run_id)
+        if rec.state is not RunState.PROPOSED:
+            return rec
+
+        # a deleted directory whose contents were partly kept can no longer be deleted
+        def drop_dirs(r: RunRecord) -> None:
+            for f in r.pending:
+                if f.kind == Kind.DIR.value:
+                    inside = [g for g in r.files if g.path != f.path and _under(g.path, f.path)]
+                    if inside and all(g.state is not FileState.PENDING for g in inside):
+                        f.state = (
+                            FileState.ACCEPTED
+                            if all(g.state is FileState.ACCEPTED for g in inside) and f.change == "created"
+                            else FileState.REJECTED
+                        )
+
+        rec = self.svc.store.update_run(rec.id, drop_dirs)
+        if rec.pending or any(f.state is FileState.CONFLICTED for f in rec.files):
+            return rec
+        landed = any(f.state is FileState.ACCEPTED for f in rec.files)
+        counts = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
+        detail = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no changes"
+        rec = self.svc.transition(rec, RunState.APPLIED if landed else RunState.REJECTED, detail)
+        self.cleanup(rec)
+        return rec
+
+    def undo(self, run_id: str, *, actor: str | None = None) -> RunRecord:
+        """Reverse everything a run applied, when those files are unchanged since."""
+        svc = self.svc
+        rec = svc.store.get_run(run_id)
+        todo = [a for a in rec.applied if not a.undone]
+        if not todo:
+            raise StateError(f"run {rec.id} has nothing applied to undo")
+        for a in reversed(todo):
+            ops = undo_ops(svc.workspace, svc.state.backups, a.txid)
+            commit(svc.workspace, svc.state.journal, svc.state.backups, f"{a.txid}-undo", ops)
+
+            def mark(r: RunRecord, txid: str = a.txid) -> None:
+                for x in r.applied:
+                    if x.txid == txid:
+                        x.undone = True
+
+            rec = svc.store.update_run(rec.id, mark)
+            svc.audit.append(
+                "review.undo",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                by=actor or svc.actor,
+                txid=a.txid,
+                paths=a.paths,
+            )
+        if rec.state is RunState.APPLIED:
+            rec = svc.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
+        return rec
+
+    def cleanup(self, rec: RunRecord) -> None:
+        shutil.rmtree(self.svc.state.run_dir(rec.id) / "staging", ignore_errors=True)
+
+    # -- showing ------------------------------------------------------------------------------
+
+    def contents(self, rec: RunRecord, f: FileReview) -> tuple[bytes | None, bytes | None]:
+        """(base, proposed) bytes of one file change; None where the side does not exist."""
+        run_dir = self.svc.state.run_dir(rec.id)
+        old = (run_dir / "base" / f.base_blob).read_bytes() if f.base_blob else None
+        new = None
+        after = _entry(f.after)
+        if after is not None and after.kind is Kind.FILE:
+            src = run_dir / "staging" / f.path
+            new = src.read_bytes() if os.path.lexists(src) else None
+        return old, new
+
+    def diff(self, run_id: str, path: str | None = None) -> str:
+        rec = self.svc.store.get_run(run_id)
+        parts = []
+        for f in rec.files:
+            if path and not _under(f.path, path.strip("/")):
+                continue
+            head = f"# {display(f.path)}: {f.change}, {f.decision.value} ({f.rule}: {f.reason}) [{f.state.value}]"
+            if f.kind != Kind.FILE.value or f.state is FileState.DENIED:
+                parts.append(head + "\n")
+                continue
+            old, new = self.contents(rec, f)
+            if (old and is_binary(old)) or (new and is_binary(new)):
+                parts.append(head + f"\nBinary files a/{display(f.path)} and b/{display(f.path)} differ\n")
+                continue
+            if old is None and f.before is not None:
+                parts.append(head + "\n(base content unavailable: the live file changed since staging)\n")
+                continue
+            if new is None and f.after is not None:
+                parts.append(head + "\n(staging copy no longer kept)\n")
+                continue
+            text = unified_diff(f.path, (old or b"").decode(), (new or b"").decode())
+            parts.append(head + "\n" + text)
+        return "\n".join(parts)

@@ -1,0 +1,461 @@
+"""The run state machine: the one place that sequences admit -> stage -> contain -> inspect ->
+classify -> propose -> commit. The CLI and the LSP server are two doors into this class.
+
+Blocking work (copying, hashing, Docker) happens in the caller's thread; the LSP server calls
+these methods from worker threads, never from its event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airlockd.agents.command import invocation
+from airlockd.audit import AuditLog
+from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
+from airlockd.pipeline import admission
+from airlockd.pipeline.classify import classify
+from airlockd.pipeline.commit import recover
+from airlockd.pipeline.manifest import load_manifest, save_manifest
+from airlockd.pipeline.staging import inspect, stage
+from airlockd.policy import Decision, LoadedPolicy, Mode, load_policy
+from airlockd.records import (
+    FileReview,
+    FileState,
+    LimitHit,
+    RunRecord,
+    RunState,
+    Transition,
+    allowed,
+)
+from airlockd.redact import Redactor
+from airlockd.review import Review
+from airlockd.sandbox.base import ContainerSpec, ExitInfo, Sandbox
+from airlockd.state import StateDir
+from airlockd.store import Store, update_agent_in
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str], None]  # (stage, message)
+AGENT_UID = (1000, 1000)
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+
+def _noop(stage: str, message: str) -> None:
+    pass
+
+
+class Service:
+    """One workspace's airlockd: policy, store, audit, sandbox and the run lifecycle."""
+
+    def __init__(self, workspace: Path, *, sandbox: Sandbox | None = None, actor: str = "cli") -> None:
+        self.workspace = workspace.resolve()
+        if not self.workspace.is_dir():
+            from airlockd.errors import UsageError
+
+            raise UsageError(f"workspace {self.workspace} is not a directory")
+        self.state = StateDir.for_workspace(self.workspace).ensure()
+        self.actor = actor
+        self.redactor = Redactor()
+        self.store = Store(self.state)
+        self.audit = AuditLog(self.state.audit, self.redactor)
+        self._sandbox = sandbox
+        self.loaded = self._load_policy()
+        self.review = Review(self)
+        self._recover_journals()
+
+    # -- policy -------------------------------------------------------------------------------
+
+    def _load_policy(self) -> LoadedPolicy:
+        loaded = load_policy(self.workspace)
+        kept = self.state.policies / f"{loaded.revision}.json"
+        if not kept.exists():  # every revision's text is kept so past decisions can be replayed
+            kept.write_text(loaded.text)
+        return loaded
+
+    def reload_policy(self) -> LoadedPolicy:
+        """Re-read the policy; a bad file keeps the last good one in force and says so."""
+        old = self.loaded.revision
+        try:
+            self.loaded = self._load_policy()
+        except PolicyError as exc:
+            self.audit.append("policy.reload_failed", policy=old, error=exc.message)
+            raise
+        if self.loaded.revision != old:
+            self.audit.append("policy.reloaded", policy=self.loaded.revision, previous=old)
+        return self.loaded
+
+    @property
+    def policy(self) -> Any:
+        return self.loaded.policy
+
+    # -- sandbox ------------------------------------------------------------------------------
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            from airlockd.sandbox.docker import DockerSandbox
+
+            self._sandbox = DockerSandbox()
+        return self._sandbox
+
+    def image_for(self, agent: str) -> str:
+        from airlockd.sandbox.image import image_tag
+
+        return self.policy.agent(agent).image or image_tag()
+
+    # -- state machine ------------------------------------------------------------------------
+
+    def transition(self, rec: RunRecord, dst: RunState, detail: str = "", **fields: Any) -> RunRecord:
+        """Persist a state change (checked against the run state machine), then audit it."""
+        detail = self.redactor.text(detail)
+
+        def change(r: RunRecord) -> None:
+            if r.state != dst and not allowed(r.state, dst):
+                raise StateError(f"run {r.id} is {r.state.value}; it cannot become {dst.value}")
+            r.state = dst
+            r.transitions.append(Transition(state=dst, at=time.time(), detail=detail))
+            for k, v in fields.items():
+                setattr(r, k, v)
+
+        rec = self.store.update_run(rec.id, change)
+        self.audit.append(
+            f"run.{dst.value}",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            detail=detail,
+        )
+        return rec
+
+    # -- admit --------------------------------------------------------------------------------
+
+    def submit(self, agent: str, prompt: str, *, mode: str | None = None, follow_up: str | None = None) -> RunRecord:
+        """Admit a run or refuse it (AdmissionRejected) before anything is spent."""
+        cfg = self.policy.agent(agent)
+        run_mode = Mode(mode) if mode else self.policy.mode_for(agent)
+        if follow_up:
+            prev = self.store.get_run(follow_up)
+            if prev.agent != agent:
+                raise StateError(f"run {prev.id} belongs to agent {prev.agent!r}, not {agent!r}")
+            follow_up = prev.id
+        screening = admission.screen_prompt(prompt)
+        run_id = "r" + time.strftime("%y%m%d") + secrets.token_hex(3)
+        rec = RunRecord(
+            id=run_id,
+            agent=agent,
+            mode=run_mode.value,
+            state=RunState.ADMITTED,
+            prompt=self.redactor.text(prompt),
+            prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
+            policy_revision=self.loaded.revision,
+            follow_up=follow_up,
+            injection_markers=screening.injection_markers,
+        )
+        reason = None
+        if screening.secrets:
+            reason = f"the prompt contains a secret ({', '.join(screening.secrets)}); remove it and ask again"
+        with self.store.tx() as db:
+            if reason is None:
+                live = [r for r in db.table("runs").all() if r["agent"] == agent and RunState(r["state"]).live]
+                usage = update_agent_in(db, agent, lambda u: None)
+                reason = admission.refusal(cfg, usage, prompt, len(live))
+            if reason is None:
+                update_agent_in(db, agent, lambda u: setattr(u, "runs_used", u.runs_used + 1))
+            else:
+                rec.state = RunState.REJECTED_AT_ADMISSION
+            rec.transitions.append(Transition(state=rec.state, at=time.time(), detail=reason or ""))
+            db.table("runs").insert(rec.model_dump(mode="json"))
+        self.audit.append(
+            "admission." + ("refused" if reason else "admitted"),
+            run=run_id,
+            agent=agent,
+            policy=self.loaded.revision,
+            reason=reason,
+            prompt_bytes=len(prompt.encode()),
+            prompt_sha256=rec.prompt_sha256,
+            injection_markers=screening.injection_markers,
+        )
+        if reason:
+            raise AdmissionRejected(f"admission refused for agent {agent!r}: {reason}", run_id=run_id, reason=reason)
+        (self.state.run_dir(run_id)).mkdir(mode=0o700)
+        (self.state.run_dir(run_id) / "prompt.raw").write_text(prompt)
+        os.chmod(self.state.run_dir(run_id) / "prompt.raw", 0o600)
+        return rec
+
+    # -- stage, contain, inspect, classify ----------------------------------------------------
+
+    def execute(self, run_id: str, progress: Progress = _noop) -> RunRecord:
+        """Take an admitted run to `proposed` (or to the state that ended it). Blocking."""
+        rec = self.store.get_run(run_id)
+        if rec.state is not RunState.ADMITTED:
+            raise StateError(f"run {rec.id} is {rec.state.value}, not admitted")
+        run_dir = self.state.run_dir(rec.id)
+        prompt_file = run_dir / "prompt.raw"
+        prompt = prompt_file.read_text()
+        try:
+            rec = self._stage(rec, progress)
+            exit_info = self._contain(rec, prompt, progress)
+            rec = self.store.get_run(rec.id)
+            ended = self._ending(rec, exit_info)
+            if ended is not None:
+                return ended
+            return self._inspect(rec, progress)
+        except Exception as exc:
+            rec = self.store.get_run(rec.id)
+            if rec.state.live:
+                msg = self.redactor.text(str(exc))
+                log.exception("run %s failed", rec.id)
+                rec = self.transition(rec, RunState.FAILED, msg, error=msg)
+            if isinstance(exc, EngineError | PolicyError):
+                raise
+            return rec
+        finally:
+            prompt_file.unlink(missing_ok=True)
+            (run_dir / "prompt").unlink(missing_ok=True)
+
+    def _stage(self, rec: RunRecord, progress: Progress) -> RunRecord:
+        rec = self.transition(rec, RunState.STAGING)
+        progress("staging", "copying the workspace without withheld files")
+        staging = self.state.run_dir(rec.id) / "staging"
+        owner = AGENT_UID if os.getuid() == 0 else None
+        result = stage(
+            self.workspace,
+            staging,
+            self.policy,
+            self.policy.clearance_for(rec.agent),
+            owner=owner,
+            redactor=self.redactor,
+        )
+        save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
+        withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
+        for w in withheld:
+            self.audit.append("stage.withheld", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **w)
+        self.audit.append(
+            "stage.done",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            files=result.files,
+            bytes=result.bytes,
+            withheld=len(withheld),
+            skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
+        )
+        return self.store.update_run(rec.id, lambda r: setattr(r, "withheld", withheld))
+
+    def _contain(self, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
+        cfg = self.policy.agent(rec.agent)
+        run_dir = self.state.run_dir(rec.id)
+        inv = invocation(cfg, prompt, run_dir)
+        uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
+        user = f"{uid}:{gid}"
+        spec = ContainerSpec(
+            run_id=rec.id,
+            image=self.image_for(rec.agent),
+            argv=inv.argv,
+            workspace=run_dir / "staging",
+            limits=cfg.limits,
+            stdin_file=inv.stdin_file,
+            env=inv.env,
+            user=user,
+            labels={"airlockd.workspace": str(self.workspace), "airlockd.agent": rec.agent},
+        )
+        self.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
+        progress("running", f"agent {rec.agent} running in {spec.image}")
+        info = self.sandbox.run(spec)
+        tail = self.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
+        (run_dir / "output.log").write_text(tail)
+        container = {
+            "id": info.container_id[:12],
+            "image": spec.image,
+            "exit_code": info.exit_code,
+            "oom_killed": info.oom_killed,
+            "duration_s": round(info.duration_s, 3),
+            "effective": info.effective,
+        }
+        self.store.update_run(
+            rec.id,
+            lambda r: (
+                setattr(r, "container", container),
+                setattr(r, "output_bytes", info.output_bytes),
+            ),
+        )
+        self.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
+        return info
+
+    def _ending(self, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
+        """The run's end when the container was stopped, killed or hit a limit; else None."""
+        limits = self.policy.agent(rec.agent).limits
+        hit = None
+        if info.oom_killed:
+            hit = LimitHit(
+                limit="memory",
+                measured=limits.memory_mb * 2**20,
+                allowed=limits.memory_mb * 2**20,
+                source="engine: State.OOMKilled",
+            )
+        elif info.timed_out:
+            hit = LimitHit(
+                limit="wall_time",
+                measured=round(info.duration_s, 3),
+                allowed=limits.wall_time_s,
+                source="container wait timeout",
+            )
+        elif info.output_limited:
+            hit = LimitHit(
+                limit="output",
+                measured=info.output_bytes,
+                allowed=limits.output_bytes,
+                source="byte count of the log stream",
+            )
+        if info.stopped:
+            state = RunState.STOPPED if info.stopped == "stop" else RunState.KILLED
+            return self.transition(rec, state, f"{info.stopped} requested by {rec.stopped_by or 'a user'}")
+        if hit is not None:
+            rec = self.transition(
+                rec,
+                RunState.LIMIT_EXCEEDED,
+                f"{hit.limit}: {hit.measured} > {hit.allowed}",
+                limit=hit,
+            )
+            self._count_violation(rec)
+            return rec
+        self.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
+        return None
+
+    def _count_violation(self, rec: RunRecord) -> None:
+        threshold = self.policy.agent(rec.agent).admission.quarantine_after
+
+        def bump(u: Any) -> None:
+            u.consecutive_violations += 1
+            if u.consecutive_violations >= threshold and not u.quarantined:
+                u.quarantined = True
+                u.reason = f"{u.consecutive_violations} consecutive limit violations, the last in run {rec.id}"
+
+        usage = self.store.update_agent(rec.agent, bump)
+        if usage.quarantined:
+            self.audit.append(
+                "agent.quarantined",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                reason=usage.reason,
+            )
+
+    def _inspect(self, rec: RunRecord, progress: Progress) -> RunRecord:
+        rec = self.transition(rec, RunState.INSPECTING)
+        progress("inspecting", "hashing the staging copy")
+        run_dir = self.state.run_dir(rec.id)
+        base = load_manifest(run_dir / "base.json")
+        changes = inspect(run_dir / "staging", base)
+        withheld = {w["path"] for w in rec.withheld}
+        files = []
+        for c in classify(changes, self.policy, withheld):
+            state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
+            files.append(
+                FileReview(
+                    path=c.change.path,
+                    change=c.change.change.value,
+                    decision=c.decision,
+                    rule=c.rule,
+                    reason=c.reason,
+                    state=state,
+                    before=c.change.before.to_json() if c.change.before else None,
+                    after=c.change.after.to_json() if c.change.after else None,
+                )
+            )
+            self.audit.append(
+                "classify",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                path=c.change.path,
+                change=c.change.change.value,
+                decision=c.decision.value,
+                rule=c.rule,
+            )
+        self.review.keep_base_blobs(rec.id, files)
+        rec = self.store.update_run(rec.id, lambda r: setattr(r, "files", files))
+        summary = f"{len(files)} changes: " + ", ".join(
+            f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
+        )
+        rec = self.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
+        if rec.mode == Mode.AUTO.value:
+            auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
+            if auto:
+                rec = self.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
+        return self.review.settle(rec.id)
+
+    # -- stop / kill --------------------------------------------------------------------------
+
+    def stop(self, run_id: str, *, kill: bool = False) -> RunRecord:
+        rec = self.store.get_run(run_id)
+        if not rec.state.live:
+            raise StateError(f"run {rec.id} is {rec.state.value}; only a live run can be stopped")
+        self.store.update_run(rec.id, lambda r: setattr(r, "stopped_by", self.actor))
+        self.audit.append(
+            "run.kill_requested" if kill else "run.stop_requested",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            by=self.actor,
+        )
+        if kill:
+            self.sandbox.kill(rec.id)
+        else:
+            self.sandbox.stop(rec.id, self.policy.agent(rec.agent).limits.grace_s)
+        return self.store.get_run(rec.id)
+
+    # -- agents -------------------------------------------------------------------------------
+
+    def agents(self) -> list[dict[str, Any]]:
+        out = []
+        for name, cfg in sorted(self.policy.agents.items()):
+            u = self.store.get_agent(name)
+            out.append(
+                {
+                    "agent": name,
+                    "adapter": cfg.adapter,
+                    "mode": (cfg.mode or self.policy.defaults.mode).value,
+                    "quarantined": u.quarantined,
+                    "reason": u.reason,
+                    "runsUsed": u.runs_used,
+                    "tokensUsed": u.tokens_used,
+                    "consecutiveViolations": u.consecutive_violations,
+                    "limits": cfg.limits.model_dump(),
+                    "admission": cfg.admission.model_dump(),
+                }
+            )
+        return out
+
+    def release(self, agent: str) -> dict[str, Any]:
+        self.policy.agent(agent)
+
+        def lift(u: Any) -> None:
+            u.quarantined, u.reason, u.consecutive_violations = False, None, 0
+
+        self.store.update_agent(agent, lift)
+        self.audit.append("agent.released", agent=agent, policy=self.loaded.revision, by=self.actor)
+        return next(a for a in self.agents() if a["agent"] == agent)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _recover_journals(self) -> None:
+        for r in recover(self.workspace, self.state.journal, self.state.backups):
+            self.audit.append(
+                "commit.recovered",
+                outcome=r.outcome,
+                txid=r.txid,
+                paths=r.paths,
+                verified=r.verified,
+            )
+
+    def cleanup_staging(self, rec: RunRecord) -> None:
+        shutil.rmtree(self.state.run_dir(rec.id) / "staging", ignore_errors=True)

@@ -69,7 +69,7 @@ def _check_patterns(patterns: list[str]) -> list[str]:
         if not p.strip():
             raise ValueError("empty pattern; remove it")
         try:
-            pathspec.PathSpec.from_lines("gitwildmatch", [p])
+            pathspec.PathSpec.from_lines("gitignore", [p])
         except Exception as exc:  # pathspec raises several types for a bad pattern
             raise ValueError(f"{p!r} is not a gitignore-style pattern: {exc}") from exc
     return patterns
@@ -204,19 +204,19 @@ class Policy(_Model):
 
     @cached_property
     def withhold_spec(self) -> pathspec.PathSpec:
-        return pathspec.PathSpec.from_lines("gitwildmatch", self.withhold.patterns)
+        return pathspec.PathSpec.from_lines("gitignore", self.withhold.patterns)
 
     @cached_property
     def protected_spec(self) -> pathspec.PathSpec:
-        return pathspec.PathSpec.from_lines("gitwildmatch", self.defaults.protected_files)
+        return pathspec.PathSpec.from_lines("gitignore", self.defaults.protected_files)
 
     @cached_property
     def label_specs(self) -> list[tuple[pathspec.PathSpec, Level]]:
-        return [(pathspec.PathSpec.from_lines("gitwildmatch", [p]), lvl) for p, lvl in self.labels.items()]
+        return [(pathspec.PathSpec.from_lines("gitignore", [p]), lvl) for p, lvl in self.labels.items()]
 
     @cached_property
     def rule_specs(self) -> list[tuple[pathspec.PathSpec, Rule]]:
-        return [(pathspec.PathSpec.from_lines("gitwildmatch", r.match), r) for r in self.rules]
+        return [(pathspec.PathSpec.from_lines("gitignore", r.match), r) for r in self.rules]
 
     def label_of(self, path: str) -> Level:
         """The highest label any pattern gives `path`; unlabelled files are internal."""

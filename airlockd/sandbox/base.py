@@ -1,0 +1,91 @@
+"""What a container run is, what it reports, and the Protocol every container runtime implements.
+
+Pure data and a Protocol: nothing here talks to an engine. `DockerSandbox` (docker.py) is the real
+implementation; tests may provide fakes with the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from airlockd.policy import Limits
+
+#: Where the agent's standard-input file is mounted (read-only) inside the container.
+STDIN_PATH = "/run/airlock/stdin"
+#: Where the staged workspace is mounted (read-write) inside the container.
+WORKSPACE_PATH = "/workspace"
+#: How much of the end of the output an ExitInfo keeps.
+TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One agent run: the command, the staged workspace, the limits and the wiring around them."""
+
+    run_id: str
+    image: str
+    argv: list[str]
+    workspace: Path  # host directory, mounted read-write at /workspace
+    limits: Limits
+    stdin_file: Path | None = None  # content becomes the agent's standard input
+    env: dict[str, str] = field(default_factory=dict)
+    user: str = "1000:1000"
+    network: str = "none"
+    # Extra bind mounts: (host path, container path, read_only); e.g. the gateway socket.
+    mounts: list[tuple[Path, str, bool]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ExitInfo:
+    """How a run ended, what it printed (a bounded tail) and the settings it really ran with."""
+
+    container_id: str
+    exit_code: int | None
+    oom_killed: bool
+    timed_out: bool  # the wall time was hit and the container killed
+    output_limited: bool  # output_bytes was exceeded and the container killed
+    stopped: str | None  # "stop" / "kill" when someone asked, else None
+    duration_s: float
+    output_bytes: int
+    output_tail: bytes  # last <= TAIL_BYTES of stdout+stderr, unredacted: the caller redacts
+    effective: dict[str, Any]  # network, read-only root, caps, security opts, user, limits, tmpfs
+
+    @property
+    def limit_hit(self) -> str | None:
+        """The limit that ended the run ("wall_time", "memory", "output"), if one did."""
+        if self.timed_out:
+            return "wall_time"
+        if self.output_limited:
+            return "output"
+        if self.oom_killed:
+            return "memory"
+        return None
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A container runtime. `run` blocks (callers run it in a thread); the rest return promptly."""
+
+    def run(self, spec: ContainerSpec, on_output: Callable[[bytes], None] | None = None) -> ExitInfo:
+        """Run `spec` to its end and remove the container, whatever happens."""
+        ...
+
+    def stop(self, run_id: str, grace_s: float) -> None:
+        """SIGTERM the run's container, wait `grace_s`, then SIGKILL it. No-op if it is gone."""
+        ...
+
+    def kill(self, run_id: str) -> None:
+        """SIGKILL the run's container at once. No-op if it is gone."""
+        ...
+
+    def stats(self, run_id: str) -> dict[str, float] | None:
+        """One sample: cpu_pct, mem_bytes, pids; None when the run has no running container."""
+        ...
+
+    def ping(self) -> None:
+        """Raise EngineError, saying how to fix it, when the engine does not answer."""
+        ...

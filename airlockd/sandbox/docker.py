@@ -1,0 +1,409 @@
+"""`DockerSandbox`: runs a `ContainerSpec` in a locked-down, disposable Docker container.
+
+Every container gets a read-only root, a bounded /tmp tmpfs, no capabilities, no-new-privileges,
+a non-root user, no network, memory (no swap) / cpu / pids limits, docker-init as PID 1, and is
+watched for wall time and output volume. It is always removed when the run ends, however it ends.
+Never mounts anything but the staged workspace, the stdin file and the spec's extra mounts; never
+passes a network other than "none"; never keeps output beyond a bounded tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.models.containers import Container
+from docker.types import LogConfig, Mount
+from docker.utils.socket import frames_iter
+
+from airlockd.errors import EngineError, UsageError
+from airlockd.sandbox.base import STDIN_PATH, TAIL_BYTES, WORKSPACE_PATH, ContainerSpec, ExitInfo
+
+log = logging.getLogger(__name__)
+
+RUN_LABEL = "airlockd.run"
+OWNER_LABEL = "airlockd"
+_ENGINE_FIX = "start the engine with scripts/ensure-docker.sh (or `make engine`) and check `docker info`"
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+_DockerFailure = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+@contextlib.contextmanager
+def _engine(action: str) -> Iterator[None]:
+    """Turn docker / HTTP failures into EngineError, keeping the engine's own message."""
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise EngineError(
+            f"{action}: {_explain(exc)}",
+            hint="build the runtime image with `airlockd runtime build` (or check the agent's image)",
+        ) from None
+    except docker.errors.APIError as exc:
+        raise EngineError(f"{action}: the engine refused: {_explain(exc)}", hint=_ENGINE_FIX) from None
+    except _DockerFailure as exc:
+        raise EngineError(f"{action}: cannot reach the engine: {exc}", hint=_ENGINE_FIX) from None
+
+
+def _explain(exc: docker.errors.DockerException) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+@dataclass
+class _Output:
+    """What the reader thread saw: byte count, bounded tail, whether the limit was crossed."""
+
+    limit: int
+    total: int = 0
+    tail: bytearray = field(default_factory=bytearray)
+    limited: bool = False
+    error: BaseException | None = None
+
+    def accept(self, data: bytes) -> bytes:
+        """Count `data`; return the part that is within the limit (delivered and kept)."""
+        room = max(0, self.limit - self.total)
+        self.total += len(data)
+        kept = data[:room]
+        self.tail += kept
+        if len(self.tail) > TAIL_BYTES:
+            del self.tail[: len(self.tail) - TAIL_BYTES]
+        if self.total > self.limit:
+            self.limited = True
+        return kept
+
+
+class DockerSandbox:
+    """The `Sandbox` Protocol on a local Docker engine, through the docker SDK."""
+
+    def __init__(self, client: docker.DockerClient | None = None, *, timeout: float = 60) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._requested: dict[str, str] = {}  # run_id -> "stop" / "kill", asked in this process
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            with _engine("connecting to the Docker engine"):
+                self._client = docker.from_env(timeout=int(self._timeout))
+        return self._client
+
+    # ---- the Protocol ----------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise EngineError with a fix when the engine does not answer; never starts one."""
+        with _engine("pinging the Docker engine"):
+            self.client.ping()
+
+    def run(self, spec: ContainerSpec, on_output: Callable[[bytes], None] | None = None) -> ExitInfo:
+        """Create, start and watch the container until it ends; always remove it.
+
+        Blocking: call it from a worker thread. `on_output` gets stdout+stderr chunks in order
+        (up to the output limit) on the reader thread; it must not block for long.
+        """
+        kwargs = self._create_kwargs(spec)
+        started = time.monotonic()
+        container: Container | None = None
+        out = _Output(spec.limits.output_bytes)
+        try:
+            with _engine(f"creating the container for run {spec.run_id}"):
+                container = self.client.containers.create(**kwargs)
+                container.reload()
+            effective = _effective(container.attrs)
+            if (asked := self._asked(spec.run_id)) is not None:
+                return _exit(container, None, False, out, asked, started, effective, timed_out=False)
+            reader = self._start_reader(container, out, on_output)
+            with _engine(f"starting the container for run {spec.run_id}"):
+                container.start()
+            if self._asked(spec.run_id) is not None:  # stop/kill raced with start: it still wins
+                self._kill_quietly(container)
+            timed_out = not self._wait(container, started + spec.limits.wall_time_s)
+            if timed_out:
+                self._kill_quietly(container)
+                self._wait(container, time.monotonic() + 30)
+            reader.join(timeout=10)
+            with _engine(f"inspecting the container for run {spec.run_id}"):
+                container.reload()
+            state = container.attrs.get("State", {})
+            return _exit(
+                container,
+                state.get("ExitCode"),
+                bool(state.get("OOMKilled")),
+                out,
+                self._asked(spec.run_id),
+                started,
+                effective,
+                timed_out=timed_out,
+            )
+        finally:
+            self._remove(spec.run_id, container)
+            with self._lock:
+                self._requested.pop(spec.run_id, None)
+
+    def stop(self, run_id: str, grace_s: float) -> None:
+        """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
+
+        Blocks until the container has ended. A run not yet started is never started.
+        """
+        with self._lock:
+            self._requested.setdefault(run_id, "stop")
+        for c in self._find(run_id):
+            with _engine(f"stopping run {run_id}"), _gone_is_fine():
+                c.stop(timeout=max(0, math.ceil(grace_s)))
+
+    def kill(self, run_id: str) -> None:
+        """SIGKILL the run's container now. A run not yet started is never started."""
+        with self._lock:
+            self._requested[run_id] = "kill"
+        for c in self._find(run_id):
+            self._kill_quietly(c)
+
+    def stats(self, run_id: str) -> dict[str, float] | None:
+        """One sample (takes about a second): cpu_pct, mem_bytes, pids. None if not running."""
+        running = [c for c in self._find(run_id) if c.status == "running"]
+        if not running:
+            return None
+        try:
+            raw = running[0].stats(stream=False)
+        except docker.errors.NotFound:
+            return None
+        except _DockerFailure as exc:
+            log.warning("stats for run %s failed: %s", run_id, exc)
+            return None
+        if not isinstance(raw, dict):
+            return None
+        return _stats_sample(raw)
+
+    # ---- pieces ------------------------------------------------------------------------------
+
+    def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
+        if spec.network != "none":
+            raise UsageError(
+                f"network {spec.network!r} is not supported by the Docker sandbox yet",
+                hint='use network = "none"; the model gateway arrives as a mounted socket',
+            )
+        if not spec.argv:
+            raise UsageError(f"run {spec.run_id}: empty command", hint="give the agent a command")
+        if not spec.workspace.is_absolute() or not spec.workspace.is_dir():
+            raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
+        mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
+        argv = list(spec.argv)
+        if spec.stdin_file is not None:
+            if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():
+                raise UsageError(f"run {spec.run_id}: stdin file {spec.stdin_file} is not a file")
+            mounts.append(Mount(STDIN_PATH, str(spec.stdin_file), type="bind", read_only=True))
+            argv = ["/bin/sh", "-c", f'exec "$@" < {STDIN_PATH}', "agent", *argv]
+        for host, target, read_only in spec.mounts:
+            if not host.is_absolute() or not target.startswith("/"):
+                raise UsageError(f"run {spec.run_id}: mount {host} -> {target} needs absolute paths")
+            mounts.append(Mount(target, str(host), type="bind", read_only=read_only))
+        lim = spec.limits
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "command": argv,
+            "user": spec.user,
+            "environment": dict(spec.env),
+            "working_dir": WORKSPACE_PATH,
+            "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id},
+            "network_mode": "none",
+            "read_only": True,
+            "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "mounts": mounts,
+            "mem_limit": f"{lim.memory_mb}m",
+            "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap
+            "pids_limit": lim.pids,
+            "nano_cpus": int(lim.cpus * 1e9),
+            "init": True,  # docker-init as PID 1: reaps zombies, forwards SIGTERM
+            "stdin_open": False,
+            "tty": False,
+            # Output is read from the attach stream only: nothing piles up on the engine's disk.
+            "log_config": LogConfig(type="none"),
+            "detach": True,
+        }
+        name = f"airlockd-{spec.run_id}"
+        if _NAME_OK.match(name):
+            kwargs["name"] = name
+        return kwargs
+
+    def _start_reader(
+        self, container: Container, out: _Output, on_output: Callable[[bytes], None] | None
+    ) -> threading.Thread:
+        """Attach before start (so nothing is missed) and pump the output on a thread."""
+        cid = str(container.id)
+        with _engine("attaching to the container's output"):
+            sock = self.client.api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1, "logs": 0})
+        for s in (sock, getattr(sock, "_sock", None)):
+            if s is not None and hasattr(s, "settimeout"):
+                s.settimeout(None)  # an agent may be silent for a long time
+
+        def pump() -> None:
+            killing: threading.Thread | None = None
+            try:
+                for _stream, data in frames_iter(sock, tty=False):
+                    kept = out.accept(data)
+                    if kept and on_output is not None:
+                        try:
+                            on_output(kept)
+                        except Exception:  # a consumer's bug must not stop the limit watch
+                            log.exception("on_output callback failed; output keeps being counted")
+                    if out.limited and killing is None:
+                        # Kill from another thread and keep draining: the engine cannot finish
+                        # the container while its output stream is blocked on us.
+                        killing = threading.Thread(target=self._kill_quietly, args=(container,), daemon=True)
+                        killing.start()
+            except (OSError, ValueError) as exc:  # includes socket timeouts
+                out.error = exc
+            finally:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+        thread = threading.Thread(target=pump, name=f"airlockd-output-{cid[:12]}", daemon=True)
+        thread.start()
+        return thread
+
+    def _wait(self, container: Container, deadline: float) -> bool:
+        """Wait for the container to exit before `deadline`; False when the deadline passes."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            asked = min(remaining, 300.0)
+            t0 = time.monotonic()
+            try:
+                container.wait(timeout=asked)
+                return True
+            except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
+                # A read timeout ends the slice; anything that fails fast is the engine going away.
+                if time.monotonic() - t0 < asked * 0.9:
+                    raise EngineError(
+                        f"lost the engine while waiting for container {container.short_id}: {exc}",
+                        hint=_ENGINE_FIX,
+                    ) from None
+            except docker.errors.NotFound:
+                return True
+            except docker.errors.APIError as exc:
+                raise EngineError(f"waiting for the container: {_explain(exc)}", hint=_ENGINE_FIX) from None
+
+    def _asked(self, run_id: str) -> str | None:
+        with self._lock:
+            return self._requested.get(run_id)
+
+    def _find(self, run_id: str) -> list[Container]:
+        with _engine(f"looking up run {run_id}"):
+            found: list[Container] = self.client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
+        return found
+
+    def _kill_quietly(self, container: Container) -> None:
+        try:
+            container.kill()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running any more, which is what we wanted
+                log.warning("killing %s failed: %s", container.short_id, _explain(exc))
+        except _DockerFailure as exc:
+            log.warning("killing %s failed: %s", container.short_id, exc)
+
+    def _remove(self, run_id: str, container: Container | None) -> None:
+        """Force-remove the run's container; by label when create() never returned its id."""
+        try:
+            targets = [container] if container is not None else self._find(run_id)
+        except EngineError as exc:
+            log.error("cannot look up the container of run %s to remove it: %s", run_id, exc)
+            return
+        for c in targets:
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except _DockerFailure as exc:
+                log.error("could not remove container %s of run %s: %s", c.short_id, run_id, exc)
+
+
+@contextlib.contextmanager
+def _gone_is_fine() -> Iterator[None]:
+    """Inside `_engine`: a container that vanished or already stopped is not an error."""
+    try:
+        yield
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            raise
+
+
+def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The settings the engine recorded for the container (not what we asked for)."""
+    hc = attrs.get("HostConfig", {})
+    cfg = attrs.get("Config", {})
+    return {
+        "image": cfg.get("Image"),
+        "image_id": attrs.get("Image"),
+        "user": cfg.get("User"),
+        "network_mode": hc.get("NetworkMode"),
+        "read_only_root": hc.get("ReadonlyRootfs"),
+        "cap_drop": hc.get("CapDrop"),
+        "cap_add": hc.get("CapAdd"),
+        "privileged": hc.get("Privileged"),
+        "security_opt": hc.get("SecurityOpt"),
+        "init": hc.get("Init"),
+        "memory_bytes": hc.get("Memory"),
+        "memory_swap_bytes": hc.get("MemorySwap"),
+        "pids_limit": hc.get("PidsLimit"),
+        "cpus": (hc.get("NanoCpus") or 0) / 1e9,
+        "tmpfs": hc.get("Tmpfs"),
+        "mounts": [{"target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))} for m in hc.get("Mounts") or []],
+    }
+
+
+def _exit(
+    container: Container,
+    exit_code: int | None,
+    oom_killed: bool,
+    out: _Output,
+    stopped: str | None,
+    started: float,
+    effective: dict[str, Any],
+    *,
+    timed_out: bool,
+) -> ExitInfo:
+    return ExitInfo(
+        container_id=container.id or "",
+        exit_code=exit_code,
+        oom_killed=oom_killed,
+        timed_out=timed_out,
+        output_limited=out.limited,
+        stopped=stopped,
+        duration_s=round(time.monotonic() - started, 3),
+        output_bytes=out.total,
+        output_tail=bytes(out.tail),
+        effective=effective,
+    )
+
+
+def _stats_sample(raw: dict[str, Any]) -> dict[str, float]:
+    """cpu_pct (100 = one core), mem_bytes (without page cache), pids, as `docker stats` does."""
+    cpu, pre = raw.get("cpu_stats", {}), raw.get("precpu_stats", {})
+    cpu_delta = cpu.get("cpu_usage", {}).get("total_usage", 0) - pre.get("cpu_usage", {}).get("total_usage", 0)
+    sys_delta = cpu.get("system_cpu_usage", 0) - pre.get("system_cpu_usage", 0)
+    online = cpu.get("online_cpus") or len(cpu.get("cpu_usage", {}).get("percpu_usage") or [1])
+    cpu_pct = cpu_delta / sys_delta * online * 100.0 if cpu_delta > 0 and sys_delta > 0 else 0.0
+    mem = raw.get("memory_stats", {})
+    inner = mem.get("stats", {})
+    cache = inner.get("total_inactive_file", inner.get("inactive_file", 0))
+    return {
+        "cpu_pct": round(cpu_pct, 2),
+        "mem_bytes": float(max(0, mem.get("usage", 0) - cache)),
+        "pids": float(raw.get("pids_stats", {}).get("current", 0)),
+    }

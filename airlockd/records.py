@@ -130,6 +130,7 @@ class RunRecord(_Record):
     output_bytes: int = 0
     error: str | None = None
     stopped_by: str | None = None
+    stop_kind: str | None = None  # "stop" or "kill", when someone asked
 
     def file(self, path: str) -> FileReview | None:
         return next((f for f in self.files if f.path == path), None)

@@ -35,7 +35,7 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def _entry(d: dict[str, object] | None) -> Entry | None:
-    return Entry.from_json(d) if d else None  # type: ignore[arg-type]
+    return Entry.from_json(d) if d else None
 
 
 class Review:
@@ -107,20 +107,20 @@ class Review:
             kept.append(f)
         return kept
 
-    def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[FileOp]:
+    def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[list[FileOp]]:
+        """The transactions that land `files`: one, or two when a path changes type (the old
+        node must be gone before the new one, or anything below it, can be created)."""
         staging = self.svc.state.run_dir(rec.id) / "staging"
-        ops = []
+        first: list[FileOp] = []
+        ops: list[FileOp] = []
         for f in files:
-            new = _entry(f.after)
-            ops.append(
-                FileOp(
-                    f.path,
-                    _entry(f.before),
-                    new,
-                    staging / f.path if new and new.kind is Kind.FILE else None,
-                )
-            )
-        return ops
+            before, new = _entry(f.before), _entry(f.after)
+            src = staging / f.path if new and new.kind is Kind.FILE else None
+            if f.change == "type_changed":
+                first.append(FileOp(f.path, before, None))
+                before = None
+            ops.append(FileOp(f.path, before, new, src))
+        return [t for t in (first, ops) if t]
 
     def _check_open(self, rec: RunRecord) -> None:
         if rec.state is RunState.PROPOSED and rec.proposed_at is not None:
@@ -157,21 +157,22 @@ class Review:
         actor = actor or svc.actor
         dirty_hits = [f.path for f in chosen if f.path in set(dirty)]
         conflicts = list(dirty_hits)
-        txid = f"{rec.id}-{len(rec.applied) + 1}"
-        applied: list[str] = []
+        done: list[Applied] = []
         todo = [f for f in chosen if f.path not in dirty_hits]
-        while todo:
-            if conflicts and not allow_conflict:
-                break
+        while todo and (allow_conflict or not conflicts):
             try:
-                result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, self._ops(rec, todo))
+                for ops in self._ops(rec, todo):
+                    txid = f"{rec.id}-{len(rec.applied) + len(done) + 1}"
+                    result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                    done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
+                    todo = [f for f in todo if f.path not in result.applied or f.change == "type_changed"]
             except ConflictError as exc:
                 conflicts.extend(exc.paths)
                 todo = [f for f in todo if f.path not in set(exc.paths)]
                 continue
-            applied = list(result.applied)
             break
-        rec = svc.store.update_run(rec.id, lambda r: self._mark(r, applied, conflicts, txid))
+        applied = sorted({p for a in done for p in a.paths})
+        rec = svc.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts))
         svc.audit.append(
             "review.approve",
             run=rec.id,
@@ -193,14 +194,14 @@ class Review:
         return ApproveResult(self.settle(rec.id), applied, conflicts)
 
     @staticmethod
-    def _mark(r: RunRecord, applied: list[str], conflicts: list[str], txid: str) -> None:
+    def _mark(r: RunRecord, done: list[Applied], conflicts: list[str]) -> None:
+        applied = {p for a in done for p in a.paths}
         for f in r.files:
             if f.path in applied:
                 f.state = FileState.ACCEPTED
             elif f.path in conflicts:
                 f.state = FileState.CONFLICTED
-        if applied:
-            r.applied.append(Applied(txid=txid, paths=applied, at=time.time()))
+        r.applied.extend(done)
 
     def reject(self, run_id: str, paths: Collection[str] | None = None, *, actor: str | None = None) -> RunRecord:
         """Discard the chosen pending (or conflicted) changes; the workspace is not touched."""
@@ -325,6 +326,8 @@ class Review:
             if new is None and f.after is not None:
                 parts.append(head + "\n(staging copy no longer kept)\n")
                 continue
-            text = unified_diff(f.path, (old or b"").decode(), (new or b"").decode())
+            text = unified_diff(
+                f.path, (old or b"").decode(), (new or b"").decode(), created=old is None, deleted=new is None
+            )
             parts.append(head + "\n" + text)
         return "\n".join(parts)

@@ -280,13 +280,10 @@ class Service:
             "duration_s": round(info.duration_s, 3),
             "effective": info.effective,
         }
-        self.store.update_run(
-            rec.id,
-            lambda r: (
-                setattr(r, "container", container),
-                setattr(r, "output_bytes", info.output_bytes),
-            ),
-        )
+        def record(r: RunRecord) -> None:
+            r.container, r.output_bytes = container, info.output_bytes
+
+        self.store.update_run(rec.id, record)
         self.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
         return info
 
@@ -315,9 +312,10 @@ class Service:
                 allowed=limits.output_bytes,
                 source="byte count of the log stream",
             )
-        if info.stopped:
-            state = RunState.STOPPED if info.stopped == "stop" else RunState.KILLED
-            return self.transition(rec, state, f"{info.stopped} requested by {rec.stopped_by or 'a user'}")
+        asked = info.stopped or rec.stop_kind  # the request may have come from another process
+        if asked:
+            state = RunState.STOPPED if asked == "stop" else RunState.KILLED
+            return self.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
         if hit is not None:
             rec = self.transition(
                 rec,
@@ -399,7 +397,11 @@ class Service:
         rec = self.store.get_run(run_id)
         if not rec.state.live:
             raise StateError(f"run {rec.id} is {rec.state.value}; only a live run can be stopped")
-        self.store.update_run(rec.id, lambda r: setattr(r, "stopped_by", self.actor))
+
+        def mark(r: RunRecord) -> None:
+            r.stopped_by, r.stop_kind = self.actor, "kill" if kill else "stop"
+
+        self.store.update_run(rec.id, mark)
         self.audit.append(
             "run.kill_requested" if kill else "run.stop_requested",
             run=rec.id,

@@ -23,7 +23,7 @@ from airlockd.records import AgentUsage, RunRecord
 from airlockd.state import StateDir
 
 
-class _SnapshotStorage(Storage):  # type: ignore[misc]
+class _SnapshotStorage(Storage):
     """The whole file read once under the lock; written back atomically on close if changed."""
 
     def __init__(self, path: Path) -> None:

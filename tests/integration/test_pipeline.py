@@ -1,0 +1,166 @@
+"""The headless pipeline end to end, through the CLI, against the real Docker engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from airlockd.cli import main
+
+pytestmark = pytest.mark.docker
+
+AGENT = textwrap.dedent(
+    """
+    [agents.bot]
+    command = ["bash", "-c", "{prompt}"]
+    prompt = "argv"
+    [agents.bot.limits]
+    wall_time_s = 60
+    """
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _image() -> None:
+    import docker
+
+    from airlockd.sandbox.image import ensure_image
+
+    ensure_image(docker.from_env())
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "project"
+    (ws / "src" / "pkg").mkdir(parents=True)
+    (ws / "src" / "pkg" / "mod.py").write_text("A = 1\nB = 2\n")
+    (ws / "docs").mkdir()
+    (ws / "docs" / "old.md").write_text("old\n")
+    (ws / "README.md").write_text("# project\n")
+    (ws / "AGENTS.md").write_text("be nice\n")
+    (ws / ".env").write_text("SECRET_TOKEN=s3cr3t-value-that-must-not-leak\n")
+    (ws / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "policies.toml").write_text(AGENT)
+    return ws
+
+
+def cli(ws: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, object]:
+    capsys.readouterr()
+    code = main(["--workspace", str(ws), "--json", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def test_run_approve_undo(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = (
+        "set -e; test ! -e .env; echo 'C = 3' >> src/pkg/mod.py; mkdir -p src/new; echo x > src/new/f.py;"
+        " rm docs/old.md; echo hacked >> AGENTS.md; ln -s /etc/passwd link; echo hook > .git_hook_attempt;"
+        " mkdir -p .git/hooks; echo evil > .git/hooks/pre-commit; chmod 644 run.sh;"
+        " echo 'I changed nothing at all'"
+    )
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", script, capsys=capsys)
+    assert code == 0, run
+    assert isinstance(run, dict)
+    assert run["state"] == "proposed"
+    files = {f["path"]: f for f in run["files"]}
+    assert files["src/pkg/mod.py"]["change"] == "modified"
+    assert files["src/new/f.py"]["change"] == "created"
+    assert files["docs/old.md"]["change"] == "deleted"
+    assert files["run.sh"]["change"] == "mode_changed"
+    for denied in ("AGENTS.md", "link", ".git/hooks/pre-commit"):
+        assert files[denied]["decision"] == "deny", denied
+        assert files[denied]["rule"].startswith("invariant:"), files[denied]
+    assert [w["path"] for w in run["withheld"]] == [".env"]
+    run_id = run["id"]
+
+    code, diff = cli(ws, "diff", run_id, capsys=capsys)
+    assert code == 0 and isinstance(diff, dict)
+    assert "+C = 3" in diff["diff"]
+
+    code, out = cli(ws, "approve", run_id, capsys=capsys)
+    assert code == 0, out
+    assert isinstance(out, dict) and out["run"]["state"] == "applied"
+    assert (ws / "src/pkg/mod.py").read_text() == "A = 1\nB = 2\nC = 3\n"
+    assert (ws / "src/new/f.py").read_text() == "x\n"
+    assert not (ws / "docs/old.md").exists()
+    assert (ws / "AGENTS.md").read_text() == "be nice\n"
+    assert not (ws / "link").is_symlink() and not (ws / ".git").exists()
+    assert (ws / "run.sh").stat().st_mode & 0o777 == 0o644
+    assert (ws / ".env").read_text().startswith("SECRET_TOKEN=")
+
+    code, out = cli(ws, "undo", run_id, capsys=capsys)
+    assert code == 0, out
+    assert (ws / "src/pkg/mod.py").read_text() == "A = 1\nB = 2\n"
+    assert not (ws / "src/new").exists()
+    assert (ws / "docs/old.md").read_text() == "old\n"
+    assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
+
+    code, out = cli(ws, "audit", "--verify", capsys=capsys)
+    assert code == 0 and out == {"ok": True, "events": out["events"]}  # type: ignore[index]
+
+
+def test_partial_approve_and_reject(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", "echo a > a.txt; echo b > b.txt", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    code, out = cli(ws, "approve", run["id"], "--path", "a.txt", capsys=capsys)
+    assert code == 0 and isinstance(out, dict)
+    assert out["applied"] == ["a.txt"] and out["run"]["state"] == "proposed"
+    assert (ws / "a.txt").exists() and not (ws / "b.txt").exists()
+    code, out = cli(ws, "reject", run["id"], capsys=capsys)
+    assert code == 0 and isinstance(out, dict) and out["state"] == "applied"
+    assert not (ws / "b.txt").exists()
+
+
+def test_conflict_writes_nothing(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", "echo new > README.md; echo z > z.txt", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    (ws / "README.md").write_text("# edited by a person meanwhile\n")
+    code, out = cli(ws, "approve", run["id"], capsys=capsys)
+    assert code == 5, out
+    assert isinstance(out, dict) and out["error"] == "conflict" and out["paths"] == ["README.md"]
+    assert (ws / "README.md").read_text() == "# edited by a person meanwhile\n"
+    assert not (ws / "z.txt").exists()
+
+
+def test_policy_typo_is_a_clear_error(ws: Path) -> None:
+    (ws / "policies.toml").write_text(AGENT + "\n[defaults]\nmdoe = 'auto'\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "airlockd", "--workspace", str(ws), "run", "--agent", "bot", "--wait", "true"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+    )
+    assert proc.returncode == 1
+    assert "defaults.mdoe" in proc.stderr and str(ws / "policies.toml") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_wall_time_limit(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (ws / "policies.toml").write_text(AGENT.replace("wall_time_s = 60", "wall_time_s = 2"))
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", "sleep 30", capsys=capsys)
+    assert code == 4 and isinstance(run, dict)
+    assert run["state"] == "limit_exceeded" and run["limit"]["limit"] == "wall_time"
+
+
+def test_demo_ends_with_an_approved_proposal(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "airlockd", "demo", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws = tmp_path / "sample-project"
+    assert "farewell" in (ws / "src/greet.py").read_text()
+    assert not (ws / "notes/obsolete.txt").exists()
+    assert not (ws / "shadow-link").is_symlink()
+    assert "audit chain intact" in proc.stdout
+    assert "correct-horse-battery-staple" not in proc.stdout + proc.stderr

@@ -130,6 +130,8 @@ class RunRecord(_Record):
     output_bytes: int = 0
     error: str | None = None
     stopped_by: str | None = None
+    owner_pid: int | None = None  # the process executing the run, while it is live
+    owner_start: int | None = None  # its start time, so a reused pid is not mistaken for it
     stop_kind: str | None = None  # "stop" or "kill", when someone asked
 
     def file(self, path: str) -> FileReview | None:

@@ -70,6 +70,7 @@ class Service:
         self.loaded = self._load_policy()
         self.review = Review(self)
         self._recover_journals()
+        self._reconcile()
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -197,6 +198,11 @@ class Service:
         rec = self.store.get_run(run_id)
         if rec.state is not RunState.ADMITTED:
             raise StateError(f"run {rec.id} is {rec.state.value}, not admitted")
+
+        def own(r: RunRecord) -> None:
+            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
+
+        rec = self.store.update_run(rec.id, own)
         run_dir = self.state.run_dir(rec.id)
         prompt_file = run_dir / "prompt.raw"
         prompt = prompt_file.read_text()
@@ -280,6 +286,7 @@ class Service:
             "duration_s": round(info.duration_s, 3),
             "effective": info.effective,
         }
+
         def record(r: RunRecord) -> None:
             r.container, r.output_bytes = container, info.output_bytes
 
@@ -459,5 +466,39 @@ class Service:
                 verified=r.verified,
             )
 
+    def _reconcile(self) -> None:
+        """A live run whose executing process is gone is reaped and recorded as failed; never
+        silently forgotten. Its staging copy is kept for inspection."""
+        for rec in self.store.list_runs():
+            if not rec.state.live or rec.owner_pid is None or _alive(rec.owner_pid, rec.owner_start):
+                continue
+            reaped = "no container was started"
+            if rec.state is RunState.RUNNING:
+                try:
+                    n = self.sandbox.reap(rec.id)
+                    reaped = f"{n} container(s) killed and removed" if n else "its container was already gone"
+                except EngineError as exc:
+                    reaped = f"its container could not be reaped: {exc.message}"
+            why = (
+                f"the airlockd process running it (pid {rec.owner_pid}) ended while it was {rec.state.value}; {reaped}"
+            )
+            self.transition(rec, RunState.FAILED, why, error=why)
+
     def cleanup_staging(self, rec: RunRecord) -> None:
         shutil.rmtree(self.state.run_dir(rec.id) / "staging", ignore_errors=True)
+
+
+def _process_start(pid: int) -> int | None:
+    """The start time of a process in clock ticks since boot (None if there is no such process):
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has ended
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    now = _process_start(pid)
+    return now is not None and (start is None or now == start)

@@ -89,3 +89,7 @@ class Sandbox(Protocol):
     def ping(self) -> None:
         """Raise EngineError, saying how to fix it, when the engine does not answer."""
         ...
+
+    def reap(self, run_id: str) -> int:
+        """Kill and remove every container of a run whose owner is gone; how many there were."""
+        ...

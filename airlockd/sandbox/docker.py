@@ -167,6 +167,14 @@ class DockerSandbox:
         for c in self._find(run_id):
             self._kill_quietly(c)
 
+    def reap(self, run_id: str) -> int:
+        """Force-remove every container labelled with the run (running or not)."""
+        found = self._find(run_id)
+        for c in found:
+            with _engine(f"removing the container of run {run_id}"), contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)
+        return len(found)
+
     def stats(self, run_id: str) -> dict[str, float] | None:
         """One sample (takes about a second): cpu_pct, mem_bytes, pids. None if not running."""
         running = [c for c in self._find(run_id) if c.status == "running"]

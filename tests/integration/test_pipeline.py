@@ -164,3 +164,54 @@ def test_demo_ends_with_an_approved_proposal(tmp_path: Path) -> None:
     assert not (ws / "shadow-link").is_symlink()
     assert "audit chain intact" in proc.stdout
     assert "correct-horse-battery-staple" not in proc.stdout + proc.stderr
+
+
+def _wait_state(
+    ws: Path, run_id: str, states: set[str], capsys: pytest.CaptureFixture[str], timeout: float = 60
+) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, run = cli(ws, "show", run_id, capsys=capsys)
+        assert isinstance(run, dict)
+        if run["state"] in states:
+            return run
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} never reached {states}; last {run['state']}")
+
+
+@pytest.mark.parametrize(("verb", "state"), [("stop", "stopped"), ("kill", "killed")])
+def test_background_run_then_stop_or_kill_from_another_process(
+    ws: Path, capsys: pytest.CaptureFixture[str], verb: str, state: str
+) -> None:
+    code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; echo started > started.txt; sleep 60", capsys=capsys)
+    assert code == 0 and isinstance(run, dict) and run["state"] == "admitted"
+    _wait_state(ws, run["id"], {"running"}, capsys)
+    code, _ = cli(ws, verb, run["id"], capsys=capsys)
+    assert code == 0
+    final = _wait_state(ws, run["id"], {state}, capsys, timeout=30)
+    assert final["stopped_by"] == "cli"
+    import docker
+
+    left = docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"})
+    assert left == []
+    code, _ = cli(ws, "approve", run["id"], capsys=capsys)
+    assert code == 1  # a stopped run has nothing to approve
+
+
+def test_a_run_whose_process_dies_is_reconciled(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    code, run = cli(ws, "run", "--agent", "bot", "sleep 60", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    running = _wait_state(ws, run["id"], {"running"}, capsys)
+    os.kill(running["owner_pid"], signal.SIGKILL)  # the executing process dies without cleaning up
+    import time
+
+    time.sleep(0.5)
+    final = _wait_state(ws, run["id"], {"failed"}, capsys)  # the next command reconciles it
+    assert "1 container(s) killed and removed" in final["error"]
+    import docker
+
+    assert docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}) == []

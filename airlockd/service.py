@@ -44,6 +44,7 @@ from airlockd.store import Store, update_agent_in
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str], None]  # (stage, message)
+Listener = Callable[[str, dict[str, Any]], None]  # (event, payload): "runStatus", "agentStatus"
 AGENT_UID = (1000, 1000)
 OUTPUT_TAIL_BYTES = 64 * 1024
 
@@ -67,6 +68,7 @@ class Service:
         self.store = Store(self.state)
         self.audit = AuditLog(self.state.audit, self.redactor)
         self._sandbox = sandbox
+        self._listeners: list[Listener] = []
         self.loaded = self._load_policy()
         self.review = Review(self)
         self._recover_journals()
@@ -134,7 +136,46 @@ class Service:
             policy=rec.policy_revision,
             detail=detail,
         )
+        self.emit("runStatus", self.run_status(rec))
         return rec
+
+    # -- events (the LSP server subscribes; the CLI does not) ---------------------------------
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call `listener(event, payload)` after each persisted change; from any thread."""
+        self._listeners.append(listener)
+
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
+        payload = self.redactor.value(payload)
+        for fn in list(self._listeners):
+            try:
+                fn(event, payload)
+            except Exception:  # a listener's failure must never break a run
+                log.exception("listener failed for %s", event)
+
+    def run_status(self, rec: RunRecord, sample: dict[str, float] | None = None) -> dict[str, Any]:
+        """The `airlock/runStatus` payload: state and resource use of one run."""
+        sample = sample or {}
+        return {
+            "runId": rec.id,
+            "agent": rec.agent,
+            "state": rec.state.value,
+            "elapsedS": round(time.time() - rec.created_at, 1),
+            "cpuPct": sample.get("cpu_pct", 0.0),
+            "memBytes": int(sample.get("mem_bytes", 0)),
+            "outputBytes": rec.output_bytes,
+            "tokens": rec.tokens,
+        }
+
+    def agent_status(self, agent: str) -> dict[str, Any]:
+        u = self.store.get_agent(agent)
+        return {
+            "agent": agent,
+            "quarantined": u.quarantined,
+            "reason": u.reason,
+            "runsUsed": u.runs_used,
+            "tokensUsed": u.tokens_used,
+        }
 
     # -- admit --------------------------------------------------------------------------------
 
@@ -184,6 +225,7 @@ class Service:
             prompt_sha256=rec.prompt_sha256,
             injection_markers=screening.injection_markers,
         )
+        self.emit("agentStatus", self.agent_status(agent))
         if reason:
             raise AdmissionRejected(f"admission refused for agent {agent!r}: {reason}", run_id=run_id, reason=reason)
         (self.state.run_dir(run_id)).mkdir(mode=0o700)
@@ -345,6 +387,7 @@ class Service:
                 u.reason = f"{u.consecutive_violations} consecutive limit violations, the last in run {rec.id}"
 
         usage = self.store.update_agent(rec.agent, bump)
+        self.emit("agentStatus", self.agent_status(rec.agent))
         if usage.quarantined:
             self.audit.append(
                 "agent.quarantined",
@@ -452,6 +495,7 @@ class Service:
 
         self.store.update_agent(agent, lift)
         self.audit.append("agent.released", agent=agent, policy=self.loaded.revision, by=self.actor)
+        self.emit("agentStatus", self.agent_status(agent))
         return next(a for a in self.agents() if a["agent"] == agent)
 
     # -- recovery -----------------------------------------------------------------------------

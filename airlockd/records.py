@@ -86,6 +86,11 @@ class FileReview(_Record):
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     base_blob: str | None = None  # copy of the live content the change was made against
+    # Per-hunk review (modified text files): hunk id -> "accepted" / "rejected" / "conflicted";
+    # a hunk not listed is pending. `partial` is the entry of the content the landed hunks left
+    # on disk: the base the next per-hunk commit is checked against.
+    hunks: dict[str, str] = Field(default_factory=dict)
+    partial: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -127,7 +132,12 @@ class RunRecord(_Record):
     limit: LimitHit | None = None
     applied: list[Applied] = Field(default_factory=list)
     tokens: int = 0
+    tokens_source: str | None = None
     output_bytes: int = 0
+    staged_bytes: int = 0
+    growth_bytes: int = 0
+    growth_capped: bool = False
+    peak: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
     stopped_by: str | None = None
     owner_pid: int | None = None  # the process executing the run, while it is live

@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,9 @@ from typing import Any
 
 from airlockd.agents.command import invocation
 from airlockd.audit import AuditLog
+from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
+from airlockd.evidence import live_tree
 from airlockd.pipeline import admission
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import recover
@@ -29,17 +32,18 @@ from airlockd.policy import Decision, LoadedPolicy, Mode, load_policy
 from airlockd.records import (
     FileReview,
     FileState,
-    LimitHit,
     RunRecord,
     RunState,
     Transition,
     allowed,
 )
-from airlockd.redact import Redactor
+from airlockd.redact import Redactor, install_log_redaction
 from airlockd.review import Review
+from airlockd.sandbox import capfs
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, Sandbox
 from airlockd.state import StateDir
 from airlockd.store import Store, update_agent_in
+from airlockd.withheld import learn as learn_withheld
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +69,14 @@ class Service:
         self.state = StateDir.for_workspace(self.workspace).ensure()
         self.actor = actor
         self.redactor = Redactor()
+        install_log_redaction()  # every log line of this process is masked with what it knows
         self.store = Store(self.state)
         self.audit = AuditLog(self.state.audit, self.redactor)
         self._sandbox = sandbox
         self._listeners: list[Listener] = []
+        self._monitors: dict[str, RunMonitor] = {}
         self.loaded = self._load_policy()
+        self._learn_gateway_key()
         self.review = Review(self)
         self._recover_journals()
         self._reconcile()
@@ -81,6 +88,7 @@ class Service:
         kept = self.state.policies / f"{loaded.revision}.json"
         if not kept.exists():  # every revision's text is kept so past decisions can be replayed
             kept.write_text(loaded.text)
+            self.audit.append("policy.revision_kept", policy=loaded.revision, sources=list(loaded.sources))
         return loaded
 
     def reload_policy(self) -> LoadedPolicy:
@@ -189,6 +197,10 @@ class Service:
                 raise StateError(f"run {prev.id} belongs to agent {prev.agent!r}, not {agent!r}")
             follow_up = prev.id
         screening = admission.screen_prompt(prompt)
+        # withheld values are masked before anything is stored, and a prompt quoting one is refused
+        learn_withheld(self.workspace, self.policy, self.policy.clearance_for(agent), self.redactor)
+        if self.redactor.known_in(prompt):
+            screening.secrets.append("withheld-value")
         run_id = "r" + time.strftime("%y%m%d") + secrets.token_hex(3)
         rec = RunRecord(
             id=run_id,
@@ -254,6 +266,7 @@ class Service:
             rec = self.store.get_run(rec.id)
             ended = self._ending(rec, exit_info)
             if ended is not None:
+                self.keep_for_inspection(ended)
                 return ended
             return self._inspect(rec, progress)
         except Exception as exc:
@@ -262,6 +275,7 @@ class Service:
                 msg = self.redactor.text(str(exc))
                 log.exception("run %s failed", rec.id)
                 rec = self.transition(rec, RunState.FAILED, msg, error=msg)
+                self.keep_for_inspection(rec)
             if isinstance(exc, EngineError | PolicyError):
                 raise
             return rec
@@ -274,6 +288,14 @@ class Service:
         progress("staging", "copying the workspace without withheld files")
         staging = self.state.run_dir(rec.id) / "staging"
         owner = AGENT_UID if os.getuid() == 0 else None
+        growth = self.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20
+        capped = capfs.available() is None
+        if capped:
+            capfs.mount(staging)
+        else:
+            self.audit.append(
+                "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
+            )
         result = stage(
             self.workspace,
             staging,
@@ -282,8 +304,15 @@ class Service:
             owner=owner,
             redactor=self.redactor,
         )
+        self._classify_labels(rec, staging, result)
+        if capped:  # the agent may add `growth` bytes to what was staged, and not one more
+            capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
         save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
         withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
+        # the live tree as the agent's copy was taken: evidence that it stays put while proposed
+        tree = live_tree(self.workspace, [w["path"] for w in withheld])
+        self.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
+        withheld = self.redactor.value(withheld)
         for w in withheld:
             self.audit.append("stage.withheld", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **w)
         self.audit.append(
@@ -296,7 +325,12 @@ class Service:
             withheld=len(withheld),
             skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
         )
-        return self.store.update_run(rec.id, lambda r: setattr(r, "withheld", withheld))
+        staged = capfs.used_bytes(staging) if capped else result.bytes
+
+        def record(r: RunRecord) -> None:
+            r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
+
+        return self.store.update_run(rec.id, record)
 
     def _contain(self, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
         cfg = self.policy.agent(rec.agent)
@@ -317,7 +351,33 @@ class Service:
         )
         self.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
         progress("running", f"agent {rec.agent} running in {spec.image}")
-        info = self.sandbox.run(spec)
+        self.audit.append(
+            "container.starting",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            image=spec.image,
+            network=spec.network,
+            user=spec.user,
+            limits=spec.limits.model_dump(),
+        )
+        usage = self.store.get_agent(rec.agent)
+        budget = cfg.admission.max_tokens
+        monitor = RunMonitor(
+            self.sandbox,
+            rec.id,
+            cfg.limits,
+            staging=run_dir / "staging",
+            staged_bytes=rec.staged_bytes,
+            tokens_left=max(0, budget - usage.tokens_used) if budget else None,
+            publish=lambda sample: self._publish_sample(rec.id, sample),
+        ).start()
+        try:
+            info = self.sandbox.run(spec, monitor.on_output)
+        finally:
+            monitor.finish()
+        self._monitors[rec.id] = monitor
+        self._record_usage(rec, monitor)
         tail = self.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
         (run_dir / "output.log").write_text(tail)
         container = {
@@ -333,39 +393,48 @@ class Service:
             r.container, r.output_bytes = container, info.output_bytes
 
         self.store.update_run(rec.id, record)
+        # what the engine says the container really ran with: network, capabilities, limits
+        self.audit.append(
+            "container.effective", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **info.effective
+        )
         self.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
         return info
 
+    def _publish_sample(self, run_id: str, sample: dict[str, Any]) -> None:
+        """Persist one live sample (peaks, output, tokens) and announce it."""
+
+        def keep(r: RunRecord) -> None:
+            r.peak = sample["peak"]
+            r.output_bytes, r.tokens, r.growth_bytes = sample["output_bytes"], sample["tokens"], sample["growth_bytes"]
+
+        rec = self.store.update_run(run_id, keep)
+        self.emit("runStatus", self.run_status(rec, sample))
+
+    def _record_usage(self, rec: RunRecord, monitor: RunMonitor) -> None:
+        """Final figures of a run, and its tokens counted against the agent's budget."""
+
+        def keep(r: RunRecord) -> None:
+            r.peak = dict(monitor.peak)
+            r.tokens, r.tokens_source = monitor.tokens, "agent adapter report"
+            r.growth_bytes = monitor.growth_bytes
+
+        self.store.update_run(rec.id, keep)
+        if monitor.tokens:
+            self.store.update_agent(rec.agent, lambda u: setattr(u, "tokens_used", u.tokens_used + monitor.tokens))
+            self.emit("agentStatus", self.agent_status(rec.agent))
+
     def _ending(self, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
         """The run's end when the container was stopped, killed or hit a limit; else None."""
-        limits = self.policy.agent(rec.agent).limits
-        hit = None
-        if info.oom_killed:
-            hit = LimitHit(
-                limit="memory",
-                measured=limits.memory_mb * 2**20,
-                allowed=limits.memory_mb * 2**20,
-                source="engine: State.OOMKilled",
-            )
-        elif info.timed_out:
-            hit = LimitHit(
-                limit="wall_time",
-                measured=round(info.duration_s, 3),
-                allowed=limits.wall_time_s,
-                source="container wait timeout",
-            )
-        elif info.output_limited:
-            hit = LimitHit(
-                limit="output",
-                measured=info.output_bytes,
-                allowed=limits.output_bytes,
-                source="byte count of the log stream",
-            )
+        monitor = self._monitors.pop(rec.id, None)
+        hit = monitor.limit_hit(info) if monitor else None
         asked = info.stopped or rec.stop_kind  # the request may have come from another process
-        if asked:
+        if asked and (hit is None or rec.stop_kind):  # a person's request, not our token stop
             state = RunState.STOPPED if asked == "stop" else RunState.KILLED
             return self.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
         if hit is not None:
+            self.audit.append(
+                "limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump()
+            )
             rec = self.transition(
                 rec,
                 RunState.LIMIT_EXCEEDED,
@@ -429,7 +498,18 @@ class Service:
                 decision=c.decision.value,
                 rule=c.rule,
             )
+        files = self._screen_changes(rec, files)
         self.review.keep_base_blobs(rec.id, files)
+        for f in files:
+            if f.state is FileState.CONFLICTED:
+                self.audit.append(
+                    "conflict",
+                    run=rec.id,
+                    agent=rec.agent,
+                    policy=rec.policy_revision,
+                    path=f.path,
+                    why="the live file changed between staging and inspection",
+                )
         rec = self.store.update_run(rec.id, lambda r: setattr(r, "files", files))
         summary = f"{len(files)} changes: " + ", ".join(
             f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
@@ -440,6 +520,138 @@ class Service:
             if auto:
                 rec = self.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
         return self.review.settle(rec.id)
+
+    # -- evidence hooks -----------------------------------------------------------------------
+
+    def _learn_gateway_key(self) -> None:
+        """The gateway's real key is masked everywhere this process writes."""
+        gw = self.policy.gateway
+        if gw.key_env and (key := os.environ.get(gw.key_env)):
+            self.redactor.add(key)
+        if gw.key_file:
+            try:
+                self.redactor.add(Path(gw.key_file).expanduser().read_text().strip())
+            except OSError:
+                pass
+
+    def gateway_refused(self, run_id: str, reason: str, **data: Any) -> None:
+        """Hook for the model gateway (issue 4): record one refused request of a run."""
+        rec = self.store.get_run(run_id)
+        self.audit.append(
+            "gateway.refused", run=rec.id, agent=rec.agent, policy=rec.policy_revision, reason=reason, **data
+        )
+
+    def seal_live_tree(self, rec: RunRecord) -> None:
+        """Digest the live tree once, before the first approve / reject of a proposal writes."""
+        if rec.state is not RunState.PROPOSED or "before" not in rec.live_tree or "after" in rec.live_tree:
+            return
+        tree = live_tree(self.workspace, [w["path"] for w in rec.withheld])
+
+        def keep(r: RunRecord) -> None:
+            if "after" not in r.live_tree:
+                r.live_tree = {**r.live_tree, "after": tree}
+
+        self.store.update_run(rec.id, keep)
+        before = rec.live_tree["before"]["sha256"]
+        self.audit.append(
+            "workspace.sealed",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            before=before,
+            after=tree["sha256"],
+            unchanged=before == tree["sha256"],
+        )
+
+    def _classifier(self) -> Any:
+        cfg = self.policy.classifier
+        if not cfg.enabled:
+            return None
+        from airlockd.classifier import Classifier
+
+        return Classifier(cfg)
+
+    def _classify_labels(self, rec: RunRecord, staging: Path, result: Any) -> None:
+        """Model-assisted labels (raise only): a staged file the model rates above the agent's
+        clearance is removed from the staging copy before the agent starts, and withheld."""
+        clf = self._classifier()
+        if clf is None or not clf.cfg.labels:
+            return
+        from airlockd.pipeline.manifest import Kind
+
+        clearance = self.policy.clearance_for(rec.agent)
+        asked = 0
+        for path, entry in sorted(result.base.items()):
+            if entry.kind is not Kind.FILE or asked >= clf.cfg.max_files:
+                continue
+            try:
+                data = (staging / path).read_bytes()[: clf.cfg.max_bytes]
+            except OSError:
+                continue
+            if b"\0" in data[:8192]:
+                continue
+            asked += 1
+            v = clf.label(path, data, self.policy.label_of(path))
+            if v.to is None:
+                if v.error:
+                    self.audit.append(
+                        "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=path,
+                        error=v.error,
+                    )
+                continue
+            withhold = Level(v.to).rank > clearance.rank
+            raised = {"kind": "label", "path": path, "from": v.frm, "to": v.to, "reason": self.redactor.text(v.reason),
+                      "withheld": withhold, "source": clf.source}
+            if withhold:
+                self.redactor.add_file_values(data.decode("utf-8", "replace"))
+                (staging / path).unlink()
+                del result.base[path]
+                result.withheld.append(type(result.withheld[0] if result.withheld else _withheld_type())(
+                    path, f"classifier:label={v.to}"
+                ))
+            self.store.update_run(rec.id, lambda r, x=raised: r.classifier.append(x))
+            self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
+
+    def _screen_changes(self, rec: RunRecord, files: list[FileReview]) -> list[FileReview]:
+        """Changes after the deterministic rules: a name holding a secret is denied (and masked:
+        the store never holds it); the model classifier may then raise, never lower, a decision."""
+        for f in files:
+            masked = self.redactor.text(f.path)
+            if masked != f.path:
+                f.path, f.decision, f.state = masked, Decision.DENY, FileState.DENIED
+                f.rule, f.reason = "invariant:secret-in-name", "the path holds a secret"
+        clf = self._classifier()
+        if clf is None or not clf.cfg.decisions:
+            return files
+        staging = self.state.run_dir(rec.id) / "staging"
+        for f in files:
+            if f.decision is Decision.DENY:
+                continue
+            data = None
+            if f.after and f.after.get("kind") == "file":
+                try:
+                    data = (staging / f.path).read_bytes()[: clf.cfg.max_bytes]
+                except OSError:
+                    data = None
+            v = clf.decision(f.path, f.change, data, f.decision)
+            if v.to is None:
+                if v.error:
+                    self.audit.append(
+                        "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=f.path,
+                        error=v.error,
+                    )
+                continue
+            new = Decision(v.to)
+            if new.rank <= f.decision.rank:  # the rule of rules: never lower
+                continue
+            raised = {"kind": "decision", "path": f.path, "from": f.decision.value, "to": new.value,
+                      "reason": self.redactor.text(v.reason), "rule": f.rule, "source": clf.source}
+            f.decision, f.rule, f.reason = new, clf.source, raised["reason"] or f"raised by {clf.source}"
+            if new is Decision.DENY:
+                f.state = FileState.DENIED
+            self.store.update_run(rec.id, lambda r, x=raised: r.classifier.append(x))
+            self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
+        return files
 
     # -- stop / kill --------------------------------------------------------------------------
 
@@ -504,6 +716,7 @@ class Service:
         for r in recover(self.workspace, self.state.journal, self.state.backups):
             self.audit.append(
                 "commit.recovered",
+                policy=self.loaded.revision,
                 outcome=r.outcome,
                 txid=r.txid,
                 paths=r.paths,
@@ -526,10 +739,38 @@ class Service:
             why = (
                 f"the airlockd process running it (pid {rec.owner_pid}) ended while it was {rec.state.value}; {reaped}"
             )
-            self.transition(rec, RunState.FAILED, why, error=why)
+            self.audit.append(
+                "recovery.reconciled",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                was=rec.state.value,
+                pid=rec.owner_pid,
+                reaped=reaped,
+            )
+            for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
+                (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+            self.keep_for_inspection(self.transition(rec, RunState.FAILED, why, error=why))
+
+    def keep_for_inspection(self, rec: RunRecord) -> None:
+        """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
+        it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
+        staging = self.state.run_dir(rec.id) / "staging"
+        if not capfs.is_mount(staging):
+            return
+        kept = staging.with_name("staging.kept")
+        kept.mkdir(exist_ok=True)
+        subprocess.run(["cp", "-a", f"{staging}/.", str(kept)], check=False, capture_output=True)
+        capfs.unmount(staging)
+        staging.rmdir()
+        kept.rename(staging)
 
     def cleanup_staging(self, rec: RunRecord) -> None:
-        shutil.rmtree(self.state.run_dir(rec.id) / "staging", ignore_errors=True)
+        """Drop a finished run's staging copy (and its capped filesystem)."""
+        staging = self.state.run_dir(rec.id) / "staging"
+        if capfs.is_mount(staging):
+            capfs.unmount(staging)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _process_start(pid: int) -> int | None:

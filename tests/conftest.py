@@ -4,6 +4,7 @@ fail loudly if the engine is missing; without it they run when an engine answers
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,3 +38,12 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     root = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(root))
     yield root
+    _unmount_below(root)
+
+
+def _unmount_below(root: Path) -> None:
+    """Capped staging filesystems of runs a test left proposed: unmount them, deepest first."""
+    with open("/proc/self/mounts") as fh:
+        points = [line.split()[1].replace("\\040", " ") for line in fh]
+    for point in sorted((p for p in points if p.startswith(str(root) + "/")), reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)

@@ -309,7 +309,9 @@ class DockerSandbox:
 
     def _find(self, run_id: str) -> list[Container]:
         with _engine(f"looking up run {run_id}"):
-            found: list[Container] = self.client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
+            found: list[Container] = self.client.containers.list(
+                all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
+            )  # a container removed between the listing and its inspection is simply gone
         return found
 
     def _kill_quietly(self, container: Container) -> None:
@@ -413,5 +415,6 @@ def _stats_sample(raw: dict[str, Any]) -> dict[str, float]:
     return {
         "cpu_pct": round(cpu_pct, 2),
         "mem_bytes": float(max(0, mem.get("usage", 0) - cache)),
+        "mem_max_bytes": float(mem.get("max_usage", 0)),  # cgroup v1 high-water mark (0 on v2)
         "pids": float(raw.get("pids_stats", {}).get("current", 0)),
     }

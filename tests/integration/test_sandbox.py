@@ -334,7 +334,7 @@ def test_kill_and_stats(sandbox: DockerSandbox, run: Callable[..., ExitInfo]) ->
     t, result = _started(sandbox, run, busy, run_id)
     sample = sandbox.stats(run_id)
     assert sample is not None
-    assert set(sample) == {"cpu_pct", "mem_bytes", "pids"}
+    assert set(sample) == {"cpu_pct", "mem_bytes", "mem_max_bytes", "pids"}
     assert sample["pids"] >= 2  # docker-init and python
     assert sample["mem_bytes"] > 0
     assert sample["cpu_pct"] > 20

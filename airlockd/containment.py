@@ -1,0 +1,180 @@
+"""Live containment of one running agent: resource sampling with peaks, output and token
+counting, the token budget enforced mid-flight, and the facts a limit violation is recorded with.
+
+Sampling runs on its own thread, at most once a second; every figure comes from the engine's or
+the kernel's own accounting (docker stats, cgroup OOM flag, byte counts, statvfs), never from the
+agent's word — except tokens, which the agent adapter reports until the model gateway measures
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airlockd.policy import Limits
+from airlockd.records import LimitHit
+from airlockd.sandbox import capfs
+from airlockd.sandbox.base import ExitInfo, Sandbox
+
+log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_S = 1.0
+MAX_LINE = 64 * 1024  # a usage report longer than this is not one
+
+
+def tokens_in(line: bytes) -> int:
+    """Model tokens an agent reported on one output line (Codex's `turn.completed` JSON events,
+    or any JSON object with a `usage` block); 0 for anything else."""
+    if b'"usage"' not in line:
+        return 0
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return 0
+    usage = event.get("usage") if isinstance(event, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    if isinstance(usage.get("total_tokens"), int):
+        return int(usage["total_tokens"])
+    return sum(int(usage.get(k) or 0) for k in ("input_tokens", "output_tokens") if isinstance(usage.get(k), int))
+
+
+class RunMonitor:
+    """Watches one run while its container lives. Thread-safe; `on_output` is the sandbox's
+    output callback, `publish(sample)` is called after each sample (persist + notify)."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        run_id: str,
+        limits: Limits,
+        *,
+        staging: Path,
+        staged_bytes: int,
+        tokens_left: int | None,
+        publish: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.sandbox = sandbox
+        self.run_id = run_id
+        self.limits = limits
+        self.staging = staging
+        self.staged_bytes = staged_bytes
+        self.tokens_left = tokens_left
+        self.publish = publish
+        self.started = time.monotonic()
+        self.peak: dict[str, float] = {"cpu_pct": 0.0, "mem_bytes": 0.0, "mem_max_bytes": 0.0, "pids": 0.0}
+        self.output_bytes = 0
+        self.tokens = 0
+        self.growth_bytes = 0
+        self.token_hit = False
+        self._partial = b""
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"monitor-{run_id}", daemon=True)
+
+    # -- output ---------------------------------------------------------------------------
+
+    def on_output(self, chunk: bytes) -> None:
+        with self._lock:
+            self.output_bytes += len(chunk)
+            data = self._partial + chunk
+            *lines, self._partial = data.split(b"\n")
+            if len(self._partial) > MAX_LINE:
+                self._partial = b""
+            for line in lines:
+                self.tokens += tokens_in(line)
+            over = self.tokens_left is not None and self.tokens >= self.tokens_left and not self.token_hit
+            if over:
+                self.token_hit = True
+        if over:
+            log.warning("run %s spent its token budget; stopping it", self.run_id)
+            threading.Thread(target=self._stop_for_tokens, daemon=True).start()
+
+    def _stop_for_tokens(self) -> None:
+        try:
+            self.sandbox.stop(self.run_id, self.limits.grace_s)
+        except Exception:  # the run may already be over
+            log.exception("stopping run %s for its token budget failed", self.run_id)
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def start(self) -> RunMonitor:
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        self._sample_growth()
+
+    def _sample_growth(self) -> None:
+        if capfs.is_mount(self.staging):
+            self.growth_bytes = max(self.growth_bytes, capfs.used_bytes(self.staging) - self.staged_bytes)
+
+    def _loop(self) -> None:
+        while not self._done.wait(SAMPLE_INTERVAL_S):
+            try:
+                sample = self.sandbox.stats(self.run_id)  # about a second: two engine samples
+            except Exception:
+                log.exception("sampling run %s failed", self.run_id)
+                sample = None
+            if self._done.is_set():
+                return
+            self._sample_growth()
+            with self._lock:
+                if sample:
+                    for key, value in sample.items():
+                        self.peak[key] = max(self.peak.get(key, 0.0), value)
+                snapshot = {
+                    **(sample or {}),
+                    "elapsed_s": round(time.monotonic() - self.started, 1),
+                    "output_bytes": self.output_bytes,
+                    "tokens": self.tokens,
+                    "growth_bytes": self.growth_bytes,
+                    "peak": dict(self.peak),
+                }
+            self.publish(snapshot)
+
+    # -- verdict --------------------------------------------------------------------------
+
+    def limit_hit(self, info: ExitInfo) -> LimitHit | None:
+        """The limit that ended the run, with the measured value, or None."""
+        lim = self.limits
+        if self.token_hit and self.tokens_left is not None:
+            return LimitHit(
+                limit="tokens", measured=self.tokens, allowed=self.tokens_left, source="agent adapter's usage report"
+            )
+        if info.oom_killed:
+            measured = self.peak.get("mem_max_bytes") or self.peak.get("mem_bytes") or lim.memory_mb * 2**20
+            return LimitHit(
+                limit="memory",
+                measured=measured,
+                allowed=lim.memory_mb * 2**20,
+                source="engine: State.OOMKilled (measured: cgroup peak usage)",
+            )
+        if info.timed_out:
+            return LimitHit(
+                limit="wall_time", measured=round(info.duration_s, 3), allowed=lim.wall_time_s, source="engine wait"
+            )
+        if info.output_limited:
+            return LimitHit(
+                limit="output",
+                measured=info.output_bytes,
+                allowed=lim.output_bytes,
+                source="bytes read from the stream",
+            )
+        cap = lim.workspace_growth_mb * 2**20
+        if capfs.is_mount(self.staging) and self.growth_bytes >= cap - (1 << 20):
+            return LimitHit(
+                limit="workspace_growth",
+                measured=self.growth_bytes,
+                allowed=cap,
+                source="statvfs of the capped staging filesystem",
+            )
+        return None

@@ -1,7 +1,9 @@
 """The audit trail: one JSON line per decision, redacted, hash-chained, appended under a lock.
 
 Each event holds the digest of the one before it, so editing, deleting, inserting or reordering
-any event breaks the chain at that event, which `verify` names.
+any event breaks the chain at that event, which `verify` names. A head file beside the log
+(`audit.jsonl.head`: the last seq and hash, replaced atomically on each append) catches what a
+chain alone cannot: events cut from, or added to, the end. `docs/audit.md` has the format.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ class AuditLog:
         self.redactor = redactor
         self.fsync = fsync
         self.chain = chain
+        self.head = Path(str(path) + ".head")
         self._lock = FileLock(str(path) + ".lock", timeout=30)
 
     def append(
@@ -93,7 +96,21 @@ class AuditLog:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            if self.chain:
+                self._write_head(seq, event["hash"])
             return event
+
+    def _write_head(self, seq: int, digest: str) -> None:
+        """Replace the head file atomically: readers see the old head or the new one."""
+        tmp = self.head.with_name(f".{self.head.name}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps({"seq": seq, "hash": digest}).encode())
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.head)
 
     def events(self, run: str | None = None) -> Iterator[dict[str, Any]]:
         if not self.path.exists():
@@ -106,26 +123,61 @@ class AuditLog:
                         yield ev
 
     def verify(self) -> ChainBreak | None:
-        """None when the whole chain holds; else the first event that does not fit."""
+        """None when the whole chain holds and ends where the head says; else the first event
+        that does not fit."""
         if not self.path.exists():
             return None
-        prev, expect_seq = GENESIS, 0
-        with self.path.open("rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                try:
-                    ev = json.loads(raw)
-                except json.JSONDecodeError:
-                    return ChainBreak(lineno, None, "not valid JSON")
-                seq = ev.get("seq")
-                if ev.get("prev") != prev:
-                    return ChainBreak(
-                        lineno,
-                        seq,
-                        "does not follow the event before it (deleted, inserted or reordered)",
-                    )
-                if ev.get("hash") != _digest(ev):
-                    return ChainBreak(lineno, seq, "content does not match its hash (edited)")
-                if seq != expect_seq:
-                    return ChainBreak(lineno, seq, f"sequence number {seq}, expected {expect_seq}")
-                prev, expect_seq = ev["hash"], expect_seq + 1
+        with self._lock:  # an append between reading the log and its head is not a break
+            with self.path.open("rb") as fh:
+                brk, last = verify_lines(fh)
+            if brk is not None or not self.head.exists():
+                return brk
+            try:
+                head = json.loads(self.head.read_bytes())
+                head_seq, head_hash = int(head["seq"]), str(head["hash"])
+            except (ValueError, KeyError, TypeError):
+                return ChainBreak(last[0] + 1, None, f"the head file {self.head.name} is unreadable")
+        count, last_seq, last_hash = last
+        if last_seq is None or last_seq < head_seq:
+            return ChainBreak(
+                count + 1,
+                (last_seq + 1) if last_seq is not None else 0,
+                f"the log ends before seq {head_seq}, the last event written: events at its end were deleted",
+            )
+        if last_seq > head_seq:
+            return ChainBreak(
+                head_seq + 2,
+                head_seq + 1,
+                f"events after seq {head_seq} were not written by airlockd (appended to the log afterwards)",
+            )
+        if last_hash != head_hash:
+            return ChainBreak(count, last_seq, "the last event is not the one airlockd wrote (replaced)")
         return None
+
+
+def verify_lines(lines: Iterable[bytes]) -> tuple[ChainBreak | None, tuple[int, int | None, str]]:
+    """Check a hash chain from its first event: (the first break or None, (events read, last
+    seq, last hash)). Used for the live log and for exports, which need nothing else."""
+    prev, expect_seq, count = GENESIS, 0, 0
+    last_seq: int | None = None
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            return ChainBreak(lineno, None, "empty line"), (count, last_seq, prev)
+        try:
+            ev = json.loads(raw)
+        except json.JSONDecodeError:
+            return ChainBreak(lineno, None, "not valid JSON"), (count, last_seq, prev)
+        if not isinstance(ev, dict):
+            return ChainBreak(lineno, None, "not a JSON object"), (count, last_seq, prev)
+        seq = ev.get("seq")
+        if ev.get("prev") != prev:
+            return (
+                ChainBreak(lineno, seq, "does not follow the event before it (deleted, inserted or reordered)"),
+                (count, last_seq, prev),
+            )
+        if ev.get("hash") != _digest(ev):
+            return ChainBreak(lineno, seq, "content does not match its hash (edited)"), (count, last_seq, prev)
+        if seq != expect_seq:
+            return ChainBreak(lineno, seq, f"sequence number {seq}, expected {expect_seq}"), (count, last_seq, prev)
+        prev, expect_seq, count, last_seq = ev["hash"], expect_seq + 1, count + 1, seq
+    return None, (count, last_seq, prev)

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from airlockd import __version__
-from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError
+from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError
+from airlockd.evidence import evidence
 from airlockd.pipeline.manifest import display
 from airlockd.records import RunRecord, RunState
+from airlockd.redact import install_log_redaction, scrub
 
 Handler = Callable[[argparse.Namespace], Any]
 _ENDED_BADLY = {RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
@@ -110,6 +112,8 @@ def cmd_show(args: argparse.Namespace) -> Any:
         d["transitions"] = [t.model_dump(mode="json") for t in rec.transitions]
         d["timeline"] = list(svc.audit.events(run=rec.id))
         d["policy_sources"] = list(svc.loaded.sources)
+        d["evidence"] = evidence(svc, rec.id)
+        d["policy"] = d["evidence"]["policy"]
         return d
     _print_run(rec)
     print("  timeline:")
@@ -173,7 +177,35 @@ def cmd_release(args: argparse.Namespace) -> Any:
 
 
 def cmd_audit(args: argparse.Namespace) -> Any:
+    from airlockd import signing
+
+    if args.verify_export:  # needs the export and the public key, nothing of this machine's state
+        if not args.public_key_file:
+            raise UsageError("--verify-export needs --public-key-file KEY (what `airlockd audit --public-key` prints)")
+        try:
+            key = signing.load_public_key(Path(args.public_key_file).read_bytes())
+        except OSError as exc:
+            raise UsageError(f"cannot read the public key {args.public_key_file}: {exc.strerror}") from None
+        check = signing.verify_export(Path(args.verify_export), key, Path(args.signature) if args.signature else None)
+        if not check.ok:
+            raise AirlockError(f"export NOT verified: {check.problem}", events=check.events)
+        if args.json:
+            return {"ok": True, "events": check.events}
+        print(f"export verified: signature valid, {check.events} events, hash chain intact")
+        return None
     svc = _service(args)
+    if args.public_key:
+        pem = signing.public_pem(signing.signing_key(svc.state.root))
+        return {"public_key": pem} if args.json else print(pem, end="")
+    if args.export:
+        dest = Path(args.export)
+        n = signing.export(svc.audit, signing.signing_key(svc.state.root), dest)
+        out = {"exported": str(dest), "signature": str(signing.sig_path(dest)), "events": n}
+        if args.json:
+            return out
+        print(f"{n} events -> {dest}, signature -> {signing.sig_path(dest)}")
+        print("verify with: airlockd audit --verify-export FILE --public-key-file KEY.pub (see docs/audit.md)")
+        return None
     if args.verify:
         brk = svc.audit.verify()
         if brk is None:
@@ -191,6 +223,32 @@ def cmd_audit(args: argparse.Namespace) -> Any:
     for ev in events:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev["at"]))
         print(f"{ev['seq']:6} {when} {ev['kind']:22} {ev.get('run') or '-':14} {json.dumps(ev['data'])}")
+    return None
+
+
+def cmd_policy(args: argparse.Namespace) -> Any:
+    """The exact merged policy a revision stands for, as kept when a run first used it."""
+    from airlockd.state import StateDir
+
+    state = StateDir.for_workspace(Path(args.workspace))
+    rev = args.revision
+    if rev is None:
+        from airlockd.policy import load_policy
+
+        rev = load_policy(state.workspace).revision
+    hits = sorted(state.policies.glob(f"{rev}*.json")) if state.policies.is_dir() and rev.isalnum() else []
+    if len(hits) != 1:
+        kept = sorted(p.stem for p in state.policies.glob("*.json")) if state.policies.is_dir() else []
+        raise (UsageError if hits else NotFoundError)(
+            f"{'ambiguous' if hits else 'no kept'} policy revision {rev!r}",
+            hint=f"kept revisions: {', '.join(kept) or 'none yet (a run keeps its revision)'}",
+        )
+    path = hits[0]
+    policy = json.loads(path.read_text())
+    if args.json:
+        return {"revision": path.stem, "file": str(path), "policy": policy}
+    print(f"# policy revision {path.stem} ({path})")
+    print(json.dumps(policy, indent=2, sort_keys=True))
     return None
 
 
@@ -230,6 +288,13 @@ def cmd_demo(args: argparse.Namespace) -> Any:
     from airlockd.demo import run_demo
 
     return run_demo(Path(args.demo_dir) if args.demo_dir else None)
+
+
+def cmd_serve(args: argparse.Namespace) -> Any:
+    """The LSP daemon. Never prints to stdout: in stdio mode stdout carries the protocol."""
+    from airlockd.lsp.transport import serve
+
+    return serve(Path(args.workspace), tcp=args.tcp)
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -286,12 +351,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("audit", cmd_audit, "the audit timeline")
     sp.add_argument("--verify", action="store_true", help="check the hash chain")
     sp.add_argument("--run", help="only this run's events")
+    sp.add_argument("--export", metavar="FILE", help="write the log as JSON Lines plus FILE.sig (Ed25519)")
+    sp.add_argument("--public-key", action="store_true", help="print the public half of the signing key (PEM)")
+    sp.add_argument("--verify-export", metavar="FILE", help="check an export with the public key alone")
+    sp.add_argument("--public-key-file", metavar="KEY", help="with --verify-export: PEM, or raw base64")
+    sp.add_argument("--signature", metavar="SIG", help="with --verify-export: the signature (default FILE.sig)")
+    sp = add("policy", cmd_policy, "kept policy revisions")
+    sp.add_argument("action", choices=["show"])
+    sp.add_argument("revision", nargs="?", help="a revision or its prefix (default: the one in force)")
     sp = add("runtime", cmd_runtime, "the agent runtime image")
     sp.add_argument("action", choices=["build"])
     sp.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     add("doctor", cmd_doctor, "check the engine, image, policy and state directory")
     sp = add("demo", cmd_demo, "a sample workspace and a scripted agent, end to end")
     sp.add_argument("--dir", dest="demo_dir", help="where to create the sample workspace")
+    sp = add("serve", cmd_serve, "the LSP server (stdio by default)")
+    how = sp.add_mutually_exclusive_group()
+    how.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
+    how.add_argument(
+        "--tcp", metavar="HOST:PORT", help="listen on loopback; clients present the token in the state dir"
+    )
     return p
 
 
@@ -300,7 +379,7 @@ def _emit(result: Any, as_json: bool) -> int:
         return result
     rec = result if isinstance(result, RunRecord) else None
     if as_json and result is not None:
-        out = _run_json(result) if rec else result
+        out = scrub(_run_json(result) if rec else result)  # stored data is masked already; this is the last net
         if isinstance(out, dict) and rec is not None:
             out = {**out, "timeline": [t.model_dump(mode="json") for t in rec.transitions]}
         print(json.dumps(out, indent=2, default=str))
@@ -326,13 +405,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="airlockd: %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()
     try:
         return _emit(args.fn(args), args.json)
     except AirlockError as exc:
-        if args.json:
-            print(json.dumps(exc.to_json(), indent=2, default=str))
+        if args.json:  # error text may quote input or agent output: masked like everything else
+            print(json.dumps(scrub(exc.to_json()), indent=2, default=str))
         else:
-            print(f"airlockd: {exc}", file=sys.stderr)
+            print(f"airlockd: {scrub(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("airlockd: interrupted", file=sys.stderr)

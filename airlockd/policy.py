@@ -170,6 +170,21 @@ class Gateway(_Model):
     token_ttl_s: float = Field(3600, gt=0)
 
 
+class ClassifierConfig(_Model):
+    """Model-assisted classification: may only raise a file's label or a change's decision."""
+
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:8788/v1/responses"  # OpenAI-Responses-compatible
+    model: str = "gpt-4.1-mini"
+    key_env: str | None = None  # environment variable holding the endpoint's key, if it needs one
+    timeout_s: float = Field(20, gt=0, le=600)
+    max_bytes: int = Field(32_768, ge=256)  # of each file sent to the model
+    max_files: int = Field(200, ge=0)  # staged files asked about per run (labels)
+    labels: bool = True  # ask about each staged text file's sensitivity
+    decisions: bool = True  # ask about each change not already denied
+    on_error: Literal["keep", "review"] = "keep"  # a failed call: keep the decision, or raise it to review
+
+
 class Policy(_Model):
     defaults: Defaults = Defaults()
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
@@ -177,6 +192,7 @@ class Policy(_Model):
     labels: dict[str, Level] = Field(default_factory=dict)
     rules: list[Rule] = Field(default_factory=list)
     gateway: Gateway = Gateway()
+    classifier: ClassifierConfig = ClassifierConfig()
 
     @field_validator("labels")
     @classmethod

@@ -143,6 +143,10 @@ class RunRecord(_Record):
     owner_pid: int | None = None  # the process executing the run, while it is live
     owner_start: int | None = None  # its start time, so a reused pid is not mistaken for it
     stop_kind: str | None = None  # "stop" or "kill", when someone asked
+    # digests of the live tree (withheld paths excluded) at staging ("before") and just before the
+    # first approve / reject ("after"): the proof that nothing moved while the run was proposed
+    live_tree: dict[str, Any] = Field(default_factory=dict)
+    classifier: list[dict[str, Any]] = Field(default_factory=list)  # what the model classifier raised
 
     def file(self, path: str) -> FileReview | None:
         return next((f for f in self.files if f.path == path), None)

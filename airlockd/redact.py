@@ -6,9 +6,11 @@ the patterns plus the exact values it was told about (values of withheld files, 
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -73,6 +75,12 @@ class Redactor:
         self._values: set[str] = set()
         self._values_re: re.Pattern[str] | None = None
         self.add(*values)
+        _LIVE.add(self)  # so logs and error messages of this process mask what it knows
+
+    def known_in(self, text: str) -> bool:
+        """Whether `text` holds one of the registered values (never says which)."""
+        values_re = self._values_re
+        return values_re is not None and values_re.search(text) is not None
 
     def add(self, *values: str) -> None:
         with self._lock:
@@ -125,3 +133,64 @@ class Redactor:
         if isinstance(obj, list | tuple):
             return [self.value(v) for v in obj]
         return obj
+
+
+# Every Redactor of this process: logs and error messages are masked with all of them, so a value
+# learnt while staging one run is masked in whatever this process prints afterwards.
+_LIVE: weakref.WeakSet[Redactor] = weakref.WeakSet()
+_PATTERNS_ONLY = Redactor()
+
+
+def scrub(obj: Any) -> Any:
+    """Redact with the patterns and with every value any live Redactor of this process knows."""
+    obj = _PATTERNS_ONLY.value(obj)
+    for red in list(_LIVE):
+        if red._values_re is not None:
+            obj = red.value(obj)
+    return obj
+
+
+class RedactingFilter(logging.Filter):
+    """Masks a log record's message, arguments, traceback and stack before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "_airlock_redacted", False):
+            return True
+        try:
+            msg = record.getMessage()
+        except Exception:  # a bad format string must not hide the record
+            msg = f"{record.msg!r} {record.args!r}"
+        record.msg, record.args = scrub(msg), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
+        record._airlock_redacted = True
+        return True
+
+
+_FILTER = RedactingFilter()
+_installed = False
+
+
+def install_log_redaction() -> None:
+    """Mask every record of airlockd's loggers at creation (whatever handler later gets it),
+    and every record reaching the root handlers (third-party loggers too). Idempotent."""
+    global _installed
+    for handler in logging.getLogger().handlers:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)
+    if _installed:
+        return
+    _installed = True
+    factory = logging.getLogRecordFactory()
+
+    def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        if record.name == "airlockd" or record.name.startswith("airlockd."):
+            _FILTER.filter(record)
+        return record
+
+    logging.setLogRecordFactory(redacting_factory)

@@ -131,6 +131,7 @@ class Review:
                 raise StateError(f"run {rec.id} expired: its proposal was not decided within {ttl:.0f} s")
         if rec.state is not RunState.PROPOSED:
             raise StateError(f"run {rec.id} is {rec.state.value}; only a proposed run can be decided")
+        self.svc.seal_live_tree(rec)  # before anything of this proposal is written
 
     # -- decisions ----------------------------------------------------------------------------
 

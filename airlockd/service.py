@@ -7,6 +7,7 @@ these methods from worker threads, never from its event loop.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -529,10 +530,8 @@ class Service:
         if gw.key_env and (key := os.environ.get(gw.key_env)):
             self.redactor.add(key)
         if gw.key_file:
-            try:
+            with contextlib.suppress(OSError):  # a missing key file is the gateway's error to report
                 self.redactor.add(Path(gw.key_file).expanduser().read_text().strip())
-            except OSError:
-                pass
 
     def gateway_refused(self, run_id: str, reason: str, **data: Any) -> None:
         """Hook for the model gateway (issue 4): record one refused request of a run."""
@@ -578,6 +577,8 @@ class Service:
         if clf is None or not clf.cfg.labels:
             return
         from airlockd.pipeline.manifest import Kind
+        from airlockd.pipeline.staging import Withheld
+        from airlockd.policy import Level
 
         clearance = self.policy.clearance_for(rec.agent)
         asked = 0
@@ -593,24 +594,34 @@ class Service:
             asked += 1
             v = clf.label(path, data, self.policy.label_of(path))
             if v.to is None:
-                if v.error:
-                    self.audit.append(
-                        "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=path,
-                        error=v.error,
-                    )
+                self._classifier_failed(rec, path, v.error)
                 continue
             withhold = Level(v.to).rank > clearance.rank
-            raised = {"kind": "label", "path": path, "from": v.frm, "to": v.to, "reason": self.redactor.text(v.reason),
-                      "withheld": withhold, "source": clf.source}
-            if withhold:
+            raised = {
+                "kind": "label",
+                "path": path,
+                "from": v.frm,
+                "to": v.to,
+                "reason": self.redactor.text(v.reason),
+                "withheld": withhold,
+                "source": clf.source,
+            }
+            if withhold:  # absent, not hidden: gone from the copy before the agent starts
                 self.redactor.add_file_values(data.decode("utf-8", "replace"))
                 (staging / path).unlink()
                 del result.base[path]
-                result.withheld.append(type(result.withheld[0] if result.withheld else _withheld_type())(
-                    path, f"classifier:label={v.to}"
-                ))
-            self.store.update_run(rec.id, lambda r, x=raised: r.classifier.append(x))
-            self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
+                result.withheld.append(Withheld(path, f"classifier:label={v.to}"))
+            self._classifier_raised(rec, raised)
+
+    def _classifier_failed(self, rec: RunRecord, path: str, error: str | None) -> None:
+        if error:
+            self.audit.append(
+                "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=path, error=error
+            )
+
+    def _classifier_raised(self, rec: RunRecord, raised: dict[str, Any]) -> None:
+        self.store.update_run(rec.id, lambda r: r.classifier.append(raised))
+        self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
 
     def _screen_changes(self, rec: RunRecord, files: list[FileReview]) -> list[FileReview]:
         """Changes after the deterministic rules: a name holding a secret is denied (and masked:
@@ -634,23 +645,23 @@ class Service:
                 except OSError:
                     data = None
             v = clf.decision(f.path, f.change, data, f.decision)
-            if v.to is None:
-                if v.error:
-                    self.audit.append(
-                        "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=f.path,
-                        error=v.error,
-                    )
+            if v.to is None or Decision(v.to).rank <= f.decision.rank:  # the rule of rules: never lower
+                self._classifier_failed(rec, f.path, v.error)
                 continue
             new = Decision(v.to)
-            if new.rank <= f.decision.rank:  # the rule of rules: never lower
-                continue
-            raised = {"kind": "decision", "path": f.path, "from": f.decision.value, "to": new.value,
-                      "reason": self.redactor.text(v.reason), "rule": f.rule, "source": clf.source}
+            raised = {
+                "kind": "decision",
+                "path": f.path,
+                "from": f.decision.value,
+                "to": new.value,
+                "reason": self.redactor.text(v.reason),
+                "rule": f.rule,
+                "source": clf.source,
+            }
             f.decision, f.rule, f.reason = new, clf.source, raised["reason"] or f"raised by {clf.source}"
             if new is Decision.DENY:
                 f.state = FileState.DENIED
-            self.store.update_run(rec.id, lambda r, x=raised: r.classifier.append(x))
-            self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
+            self._classifier_raised(rec, raised)
         return files
 
     # -- stop / kill --------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Evidence for one run: what a person needs to decide, in one JSON-ready dict.
+
+`evidence(service, run_id)` backs `airlockd show RUN --json` and the LSP `airlock.getEvidence`.
+Everything in it comes from the run record, the audit log and the kept policy revision, all
+already redacted; it is redacted once more on the way out. The live-tree digest is the proof that
+the live workspace did not move while the run was only proposed: computed at staging and again
+before the first approve / reject touches anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airlockd.pipeline.manifest import scan
+from airlockd.records import RunRecord, RunState
+
+if TYPE_CHECKING:
+    from airlockd.service import Service
+
+TOKENS_UNMETERED = "not metered: the model gateway is not built yet, so no run has metered model access"
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def live_tree(workspace: Path, excluded: list[str]) -> dict[str, Any]:
+    """Digest of the live tree: SHA-256 over the sorted (path, type, mode, size, content SHA-256
+    or link target) of every node, withheld paths (and what is under them) left out."""
+    skip_set = {p.rstrip("/") for p in excluded}
+
+    def skip(rel: str, is_dir: bool) -> bool:
+        return rel in skip_set or any(_under(rel, p) for p in skip_set if p)
+
+    manifest = scan(workspace, skip)
+    h = hashlib.sha256()
+    for path in sorted(manifest):
+        h.update(json.dumps([path, manifest[path].to_json()], sort_keys=True, separators=(",", ":")).encode())
+        h.update(b"\n")
+    return {"sha256": h.hexdigest(), "entries": len(manifest), "at": round(time.time(), 3)}
+
+
+def _excluded(rec: RunRecord) -> list[str]:
+    return [w["path"] for w in rec.withheld]
+
+
+def _workspace_proof(service: Service, rec: RunRecord) -> dict[str, Any]:
+    before = rec.live_tree.get("before")
+    after = rec.live_tree.get("after")
+    out: dict[str, Any] = {
+        "what": "SHA-256 over path, type, mode, size and content hash of every live node, withheld paths excluded",
+        "before": before,
+        "after": after,
+    }
+    if before is None:
+        out["unchanged"] = None
+        out["note"] = "the run was not staged, so the live workspace was never read"
+        return out
+    if after is None and rec.state is RunState.PROPOSED:
+        out["now"] = live_tree(service.workspace, _excluded(rec))  # still proposed: measured now, not kept
+        out["unchanged"] = out["now"]["sha256"] == before["sha256"]
+        out["note"] = "still proposed: compared with the live workspace as it is now"
+        return out
+    if after is None:
+        out["unchanged"] = None
+        out["note"] = "no approve or reject was made while the run was proposed"
+        return out
+    out["unchanged"] = after["sha256"] == before["sha256"]
+    out["note"] = (
+        "the live workspace was the same when the first decision was made"
+        if out["unchanged"]
+        else "the live workspace changed while the run was proposed (not by airlockd: it writes only on approve)"
+    )
+    return out
+
+
+def evidence(service: Service, run_id: str) -> dict[str, Any]:
+    """Everything that explains one run's outcome; redacted, never holding file contents."""
+    rec = service.store.get_run(run_id)
+    kept = service.state.policies / f"{rec.policy_revision}.json"
+    rules: dict[str, dict[str, Any]] = {}
+    for f in rec.files:
+        r = rules.setdefault(f.rule, {"rule": f.rule, "decision": f.decision.value, "reason": f.reason, "paths": []})
+        r["paths"].append(f.path)
+    effective = rec.container.get("effective") or {}
+    timeline = list(service.audit.events(run=rec.id))
+    out = {
+        "run": rec.id,
+        "agent": rec.agent,
+        "state": rec.state.value,
+        "mode": rec.mode,
+        "policy": {
+            "revision": rec.policy_revision,
+            "file": str(kept) if kept.exists() else None,
+            "show": f"airlockd policy show {rec.policy_revision}",
+            "current": rec.policy_revision == service.loaded.revision,
+        },
+        "admission": {
+            "prompt_sha256": rec.prompt_sha256,
+            "injection_markers": rec.injection_markers,
+            "detail": rec.transitions[0].detail if rec.transitions else "",
+        },
+        "rules": sorted(rules.values(), key=lambda r: r["rule"]),
+        "decisions": [
+            {"path": f.path, "change": f.change, "decision": f.decision.value, "rule": f.rule, "state": f.state.value}
+            for f in rec.files
+        ],
+        "classifier": rec.classifier,
+        "withheld": [{"path": w["path"], "rule": w["rule"]} for w in rec.withheld],
+        "container": {
+            "network_mode": effective.get("network_mode"),
+            "cap_drop": effective.get("cap_drop"),
+            "cap_add": effective.get("cap_add"),
+            "privileged": effective.get("privileged"),
+            "read_only_root": effective.get("read_only_root"),
+            "security_opt": effective.get("security_opt"),
+            "user": effective.get("user"),
+            "image_id": effective.get("image_id"),
+            "exit_code": rec.container.get("exit_code"),
+        },
+        "resources": {
+            "effective": {
+                k: effective.get(k) for k in ("cpus", "memory_bytes", "memory_swap_bytes", "pids_limit", "tmpfs")
+            },
+            "peak": dict(getattr(rec, "peak", {}) or {}),
+            "duration_s": rec.container.get("duration_s"),
+            "output_bytes": rec.output_bytes,
+            "limit_hit": rec.limit.model_dump() if rec.limit else None,
+        },
+        "tokens": {
+            "used": rec.tokens,
+            "source": getattr(rec, "tokens_source", None) or TOKENS_UNMETERED,
+        },
+        "workspace": _workspace_proof(service, rec),
+        "timeline": timeline,
+    }
+    return dict(service.redactor.value(out))

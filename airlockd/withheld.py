@@ -1,0 +1,70 @@
+"""The values in the live workspace's withheld files, read so they can be masked, never kept.
+
+Staging learns them too, but a prompt is stored before staging starts (and possibly in another
+process): `learn` fills a process's Redactor first, so the prompt, its errors and its audit
+events are masked, and a prompt quoting a withheld value is refused at admission. Only the
+Redactor's memory holds them; nothing here writes anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pathspec
+
+from airlockd.pipeline.manifest import walk
+from airlockd.policy import Level, Policy
+from airlockd.redact import Redactor
+
+READ_LIMIT = 1 << 20  # per file, as staging reads them
+PRUNE = frozenset({".git", "node_modules", ".venv", "__pycache__"})  # never withheld wholesale; skip for speed
+
+
+def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor) -> list[str]:
+    """Register the values of every path-withheld text file (by withhold pattern or a label above
+    `clearance`) with `redactor`; the relative paths read."""
+    above = [p for p, lvl in policy.labels.items() if lvl.rank > clearance.rank and not p.startswith("!")]
+    above_spec = pathspec.PathSpec.from_lines("gitwildmatch", above)
+    withheld_dirs: list[str] = []
+
+    def hit(rel: str, is_dir: bool) -> bool:
+        probe = rel + "/" if is_dir else rel
+        return bool(policy.withhold_spec.match_file(probe) or above_spec.match_file(probe))
+
+    def skip(rel: str, is_dir: bool) -> bool:
+        if is_dir and os.path.basename(rel) in PRUNE:
+            return True
+        if is_dir and hit(rel, True):
+            withheld_dirs.append(rel)
+            return True
+        return False
+
+    read: list[str] = []
+    targets = [
+        (rel, de.path) for rel, de in walk(workspace, skip) if de.is_file(follow_symlinks=False) and hit(rel, False)
+    ]
+    for d in withheld_dirs:
+        targets.extend((rel_d, de.path) for rel_d, de in _files_under(workspace / d, d))
+    for rel, path in targets:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, READ_LIMIT)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if b"\0" not in data[:8192]:
+            redactor.add_file_values(data.decode("utf-8", "replace"))
+            read.append(rel)
+    return read
+
+
+def _files_under(root: Path, prefix: str) -> list[tuple[str, os.DirEntry[str]]]:
+    try:
+        return [(f"{prefix}/{rel}", de) for rel, de in walk(root) if de.is_file(follow_symlinks=False)]
+    except OSError:
+        return []

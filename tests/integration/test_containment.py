@@ -1,0 +1,305 @@
+"""Containment against the real Docker engine: misbehaving agents end in the right state, with the
+measured value recorded on the run, and leave no container (nor process) behind. Also the
+quarantine cycle and an admission race between processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import secrets
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from airlockd.cli import main
+from airlockd.errors import AdmissionRejected
+from airlockd.sandbox.docker import DockerSandbox
+from airlockd.service import Service
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _image() -> None:
+    from airlockd.sandbox.image import ensure_image
+
+    ensure_image(docker.from_env())
+
+
+def policy(limits: str = "", admission: str = "") -> str:
+    return (
+        '[agents.bot]\ncommand = ["bash", "-c", "{prompt}"]\nprompt = "argv"\n'
+        f"[agents.bot.limits]\n{limits}\n[agents.bot.admission]\n{admission}\n"
+    )
+
+
+def make_ws(tmp_path: Path, limits: str = "", admission: str = "") -> Path:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "README.md").write_text("# project\n")
+    (ws / "policies.toml").write_text(policy(limits, admission))
+    return ws
+
+
+def cli(ws: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main(["--workspace", str(ws), "--json", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def show(ws: Path, run_id: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    _, run = cli(ws, "show", run_id, capsys=capsys)
+    assert isinstance(run, dict), run
+    return run
+
+
+def containers_of(run_id: str) -> list[Any]:
+    return docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run_id}"})
+
+
+def wait_state(
+    ws: Path, run_id: str, states: set[str], capsys: pytest.CaptureFixture[str], timeout: float = 60
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    run: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        run = show(ws, run_id, capsys)
+        if run["state"] in states:
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} never reached {states}; last {run.get('state')}")
+
+
+def run_wait(ws: Path, prompt: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", prompt, capsys=capsys)
+    assert isinstance(run, dict), run
+    return code, run
+
+
+# -- limits -----------------------------------------------------------------------------------
+
+
+def test_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "wall_time_s = 2")
+    code, run = run_wait(ws, "sleep 30", capsys)
+    assert code == 4, run
+    run = show(ws, run["id"], capsys)
+    assert run["state"] == "limit_exceeded"
+    lim = run["limit"]
+    assert lim["limit"] == "wall_time" and lim["allowed"] == 2
+    assert 2 <= lim["measured"] < 15, lim
+    assert lim["source"]
+    assert containers_of(run["id"]) == []
+
+
+def test_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "memory_mb = 64\nwall_time_s = 60")
+    code, run = run_wait(ws, 'python3 -c "b=bytearray(1<<30)"', capsys)
+    assert code == 4, run
+    run = show(ws, run["id"], capsys)
+    assert run["state"] == "limit_exceeded", run
+    lim = run["limit"]
+    assert lim["limit"] == "memory" and lim["allowed"] == 64 * 2**20
+    assert lim["measured"] >= lim["allowed"], lim
+    assert "OOMKilled" in lim["source"]
+    assert run["container"]["oom_killed"] is True
+    assert run["container"]["effective"]["memory_bytes"] == 64 * 2**20
+    assert run["container"]["effective"]["memory_swap_bytes"] == 64 * 2**20  # no swap
+    assert containers_of(run["id"]) == []
+
+
+def test_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "output_bytes = 100000\nwall_time_s = 60")
+    code, run = run_wait(ws, "yes", capsys)
+    assert code == 4, run
+    run = show(ws, run["id"], capsys)
+    assert run["state"] == "limit_exceeded", run
+    lim = run["limit"]
+    assert lim["limit"] == "output" and lim["allowed"] == 100000
+    assert lim["measured"] > 100000 and run["output_bytes"] == lim["measured"]
+    log = Service(ws).state.run_dir(run["id"]) / "output.log"
+    kept = log.read_bytes()
+    assert 0 < len(kept) <= 64 * 1024, len(kept)
+    assert set(kept.split(b"\n")[:-1]) == {b"y"}
+    assert containers_of(run["id"]) == []
+
+
+def test_fork_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The pids cap makes forks fail (it does not kill): the run ends by wall time, the failures are
+    in the output, and the engine never counted more processes than the cap."""
+    ws = make_ws(tmp_path, "pids = 32\nwall_time_s = 5")
+    code, run = cli(
+        ws, "run", "--agent", "bot", "for i in $(seq 200); do sleep 30 & done; wait", capsys=capsys
+    )  # in the background, so this process can sample the engine while it runs
+    assert code == 0 and isinstance(run, dict), run
+    run_id = run["id"]
+    wait_state(ws, run_id, {"running", "limit_exceeded", "failed"}, capsys)
+    sandbox = DockerSandbox()
+    samples: list[float] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = sandbox.stats(run_id)  # about a second per sample
+        if s is None:
+            if show(ws, run_id, capsys)["state"] != "running":
+                break
+            continue
+        samples.append(s["pids"])
+    final = wait_state(ws, run_id, {"limit_exceeded", "failed", "proposed"}, capsys, timeout=30)
+    print(f"fork bomb: pids samples {samples} (cap 32)")
+    assert final["state"] == "limit_exceeded", (final.get("error"), final["timeline"])
+    assert final["limit"]["limit"] == "wall_time", final["limit"]
+    assert final["container"]["effective"]["pids_limit"] == 32
+    assert samples, "no stats sample while the fork bomb ran"
+    recorded = (final.get("peak") or {}).get("pids", 0)  # the service's own sampled peak
+    assert 0 < recorded <= 32, final.get("peak")
+    assert max(samples) <= 32 and max(samples) >= 16, samples
+    output = (Service(ws).state.run_dir(run_id) / "output.log").read_text()
+    assert "fork" in output and "Resource temporarily unavailable" in output, output[-2000:]
+    assert containers_of(run_id) == []
+
+
+def test_stop_a_process_that_ignores_sigterm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "grace_s = 2\nwall_time_s = 60")
+    code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; sleep 60", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    run_id = run["id"]
+    wait_state(ws, run_id, {"running"}, capsys)
+    deadline = time.monotonic() + 30
+    while not any(c.status == "running" for c in containers_of(run_id)):
+        assert time.monotonic() < deadline, "the container never started"
+        time.sleep(0.1)
+    time.sleep(0.5)  # let bash install its trap
+    asked = time.time()
+    code, _ = cli(ws, "stop", run_id, capsys=capsys)  # this process is not the one running it
+    assert code == 0
+    final = wait_state(ws, run_id, {"stopped", "killed", "limit_exceeded", "failed"}, capsys, timeout=30)
+    assert final["state"] == "stopped", final
+    ended = final["timeline"][-1]["at"]
+    took = ended - asked
+    print(f"stop of a SIGTERM-ignoring agent: ended {took:.2f} s after the request (grace 2 s)")
+    assert 2 <= took < 10, took
+    assert final["stopped_by"] == "cli"
+    assert containers_of(run_id) == []
+
+
+@pytest.mark.parametrize("how", ["setsid", "double-fork"])
+def test_escape_attempt_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str) -> None:
+    ws = make_ws(tmp_path, "wall_time_s = 60")
+    marker = f"300.{secrets.randbelow(10**6):06d}"  # `sleep 300.xxxxxx`: unique on this host
+    if how == "setsid":
+        prompt = f"echo ok > note.md; setsid sh -c 'sleep {marker}' & disown; exit 0"
+    else:
+        prompt = (
+            'echo ok > note.md; python3 -c "import os\n'
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            f"        os.execvp('sleep', ['sleep', '{marker}'])\n"
+            "    os._exit(0)\n"
+            'os.wait()"'
+        )
+    code, run = run_wait(ws, prompt, capsys)
+    assert code == 0 and run["state"] == "proposed", run
+    assert run["container"]["exit_code"] == 0
+    assert containers_of(run["id"]) == []
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert f"sleep {marker}" not in ps, [line for line in ps.splitlines() if marker in line]
+
+
+# -- quarantine and admission -----------------------------------------------------------------
+
+
+def test_quarantine_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "wall_time_s = 1")
+    for _ in range(3):
+        code, run = run_wait(ws, "sleep 10", capsys)
+        assert code == 4, run
+        assert run["state"] == "limit_exceeded" and run["limit"]["limit"] == "wall_time", run
+        assert containers_of(run["id"]) == []
+    usage = Service(ws).store.get_agent("bot")  # a new Service reads it from the store
+    assert usage.quarantined and usage.consecutive_violations == 3, usage
+
+    client = docker.from_env()
+    time.sleep(1.1)  # the engine's event times are whole seconds: start after the last run's events
+    since = int(time.time())
+    code, out = cli(ws, "run", "--agent", "bot", "--wait", "true", capsys=capsys)
+    until = int(time.time()) + 1
+    assert code == 3, out
+    assert isinstance(out, dict) and out["error"] == "admission_rejected"
+    assert "quarantine" in out["message"]
+    created = [
+        e
+        for e in client.events(
+            since=since,
+            until=until,
+            decode=True,
+            filters={"type": "container", "event": "create", "label": f"airlockd.workspace={ws.resolve()}"},
+        )
+    ]
+    assert created == [], created
+    runs = Service(ws).store.list_runs()
+    refused = [r for r in runs if r.state.value == "rejected_at_admission"]
+    assert len(refused) == 1 and not refused[0].container
+
+    code, out = cli(ws, "release", "bot", capsys=capsys)
+    assert code == 0 and isinstance(out, dict) and out["quarantined"] is False
+    code, run = run_wait(ws, "echo ok > released.md", capsys)
+    assert code == 0 and run["state"] == "proposed", run
+    assert Service(ws).store.get_agent("bot").consecutive_violations == 0
+
+
+def _race_worker(ws: str, threads: int, start_at: float, results: Any) -> None:
+    """One process: `threads` submits at once, each through its own Service."""
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            svc = Service(Path(ws))
+            time.sleep(max(0.0, start_at - time.time()))
+            svc.submit("bot", "true")
+            outcome = "admitted"
+        except AdmissionRejected:
+            outcome = "refused"
+        except Exception as exc:  # anything else is a finding, reported to the parent
+            outcome = f"error: {type(exc).__name__}: {exc}"
+        with lock:
+            outcomes.append(outcome)
+
+    pool = [threading.Thread(target=one) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    for o in outcomes:
+        results.put(o)
+
+
+def test_admission_race(tmp_path: Path) -> None:
+    ws = make_ws(tmp_path, admission="max_runs = 5\nmax_concurrent = 0")
+    Service(ws)  # state dir and store exist before the race
+    n, p = 20, 4
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    start_at = time.time() + 4  # every process has imported and built its Services by then
+    procs = [ctx.Process(target=_race_worker, args=(str(ws), n // p, start_at, results)) for _ in range(p)]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=120) for _ in range(n)]
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    a, r = outcomes.count("admitted"), outcomes.count("refused")
+    print(f"admission race: {n} concurrent requests from {p} processes: {a} admitted, {r} refused")
+    assert (a, r) == (5, 15), outcomes
+    svc = Service(ws)
+    assert svc.store.get_agent("bot").runs_used == 5
+    states = [rec.state.value for rec in svc.store.list_runs()]
+    assert states.count("admitted") == 5 and states.count("rejected_at_admission") == 15

@@ -151,12 +151,16 @@ class RunMonitor:
                 limit="tokens", measured=self.tokens, allowed=self.tokens_left, source="agent adapter's usage report"
             )
         if info.oom_killed:
-            measured = self.peak.get("mem_max_bytes") or self.peak.get("mem_bytes") or lim.memory_mb * 2**20
+            cap = lim.memory_mb * 2**20
+            sampled = max(self.peak.get("mem_max_bytes", 0.0), self.peak.get("mem_bytes", 0.0))
+            if sampled >= cap * 0.9:
+                measured, source = sampled, "engine State.OOMKilled; measured: cgroup peak usage sampled"
+            else:  # killed between two samples: the kernel's OOM kill itself says usage hit the cap
+                measured, source = cap, "engine State.OOMKilled: usage reached the hard limit (no swap)"
+            return LimitHit(limit="memory", measured=measured, allowed=cap, source=source)
+        if self.peak.get("pids", 0) >= lim.pids:  # forks were refused at the cap: a fork bomb's mark
             return LimitHit(
-                limit="memory",
-                measured=measured,
-                allowed=lim.memory_mb * 2**20,
-                source="engine: State.OOMKilled (measured: cgroup peak usage)",
+                limit="pids", measured=self.peak["pids"], allowed=lim.pids, source="cgroup pids.current sampled"
             )
         if info.timed_out:
             return LimitHit(

@@ -131,8 +131,9 @@ def test_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fork_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The pids cap makes forks fail (it does not kill): the run ends by wall time, the failures are
-    in the output, and the engine never counted more processes than the cap."""
+    """The pids cap makes forks fail (it does not kill): the run ends by wall time with a pids
+    violation on record, the failures are in the output, and the engine never counted more
+    processes than the cap."""
     ws = make_ws(tmp_path, "pids = 32\nwall_time_s = 5")
     code, run = cli(
         ws, "run", "--agent", "bot", "for i in $(seq 200); do sleep 30 & done; wait", capsys=capsys
@@ -153,7 +154,8 @@ def test_fork_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     final = wait_state(ws, run_id, {"limit_exceeded", "failed", "proposed"}, capsys, timeout=30)
     print(f"fork bomb: pids samples {samples} (cap 32)")
     assert final["state"] == "limit_exceeded", (final.get("error"), final["timeline"])
-    assert final["limit"]["limit"] == "wall_time", final["limit"]
+    # the run ended by wall time, but the violation on record is the cap the forks ran into
+    assert final["limit"]["limit"] == "pids" and final["limit"]["measured"] == 32, final["limit"]
     assert final["container"]["effective"]["pids_limit"] == 32
     assert samples, "no stats sample while the fork bomb ran"
     recorded = (final.get("peak") or {}).get("pids", 0)  # the service's own sampled peak

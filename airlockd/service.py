@@ -598,7 +598,7 @@ class Service:
                 continue
             withhold = Level(v.to).rank > clearance.rank
             raised = {
-                "kind": "label",
+                "what": "label",
                 "path": path,
                 "from": v.frm,
                 "to": v.to,
@@ -650,7 +650,7 @@ class Service:
                 continue
             new = Decision(v.to)
             raised = {
-                "kind": "decision",
+                "what": "decision",
                 "path": f.path,
                 "from": f.decision.value,
                 "to": new.value,

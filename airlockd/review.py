@@ -6,17 +6,20 @@ change is pending and settles to `applied` or `rejected` when none is.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from airlockd.errors import ConflictError, StateError, UsageError
+from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
-from airlockd.pipeline.hunks import is_binary, unified_diff
-from airlockd.pipeline.manifest import Entry, Kind, display, sha256_file
+from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
+from airlockd.policy import Decision
 from airlockd.records import Applied, FileReview, FileState, RunRecord, RunState
 
 if TYPE_CHECKING:
@@ -114,7 +117,7 @@ class Review:
         first: list[FileOp] = []
         ops: list[FileOp] = []
         for f in files:
-            before, new = _entry(f.before), _entry(f.after)
+            before, new = _entry(f.partial) or _entry(f.before), _entry(f.after)
             src = staging / f.path if new and new.kind is Kind.FILE else None
             if f.change == "type_changed":
                 first.append(FileOp(f.path, before, None))
@@ -232,6 +235,193 @@ class Review:
             paths=sorted(names),
         )
         return self.settle(rec.id)
+
+    # -- per hunk -----------------------------------------------------------------------------
+
+    def hunk_texts(self, rec: RunRecord, f: FileReview) -> tuple[str, str] | None:
+        """(base, proposed) text of a modified text file, or None when the change has no hunks
+        (created, deleted, binary, not a file, or its base is no longer kept)."""
+        if f.change != "modified" or f.kind != Kind.FILE.value or f.state is FileState.DENIED:
+            return None
+        old, new = self.contents(rec, f)
+        if old is None or new is None or is_binary(old) or is_binary(new):
+            return None
+        return old.decode(), new.decode()
+
+    def hunk_states(self, rec: RunRecord, f: FileReview) -> list[tuple[Hunk, str]] | None:
+        """Each hunk of a file with its review state; None when the change has no hunks."""
+        texts = self.hunk_texts(rec, f)
+        if texts is None:
+            return None
+        default = {FileState.PENDING: "pending", FileState.CONFLICTED: "conflicted"}.get(f.state, f.state.value)
+        out = []
+        for h in hunks(*texts):
+            state = f.hunks.get(h.id, "pending")
+            out.append((h, default if state == "pending" else state))
+        return out
+
+    def _hunk_plan(
+        self, rec: RunRecord, selections: Mapping[str, Collection[str]], verdict: str
+    ) -> list[tuple[FileReview, tuple[str, str], dict[str, str]]]:
+        plan = []
+        for path, ids in selections.items():
+            f = rec.file(path.strip("/"))
+            if f is None:
+                raise UsageError(f"run {rec.id} has no change at {display(path)}", field="hunks")
+            if f.state is FileState.DENIED:
+                raise StateError(f"{display(f.path)} is denied by {f.rule} ({f.reason}); it cannot be decided")
+            if f.state is not FileState.PENDING:
+                raise StateError(f"{display(f.path)} is {f.state.value}; only pending hunks can be decided")
+            texts = self.hunk_texts(rec, f)
+            if texts is None:
+                raise UsageError(f"{display(f.path)} has no hunks ({f.change}); decide it by path", field="hunks")
+            states = {h.id: f.hunks.get(h.id, "pending") for h in hunks(*texts)}
+            for hid in ids:
+                if hid not in states:
+                    raise UsageError(f"{display(f.path)} has no hunk {hid!r}", field="hunks", path=f.path, hunk=hid)
+                if states[hid] != "pending":
+                    raise StateError(f"hunk {hid} of {display(f.path)} is already {states[hid]}")
+            plan.append((f, texts, states | {hid: verdict for hid in ids}))
+        if not plan:
+            raise UsageError("no hunks chosen", field="hunks")
+        return plan
+
+    @staticmethod
+    def _settle_hunks(f: FileReview, states: dict[str, str]) -> None:
+        f.hunks = {k: v for k, v in states.items() if v != "pending"}
+        if all(v != "pending" for v in states.values()):
+            f.state = FileState.ACCEPTED if "accepted" in states.values() else FileState.REJECTED
+
+    def approve_hunks(
+        self,
+        run_id: str,
+        selections: Mapping[str, Collection[str]],
+        *,
+        actor: str | None = None,
+        dirty: Collection[str] = (),
+    ) -> ApproveResult:
+        """Land only the chosen hunks of each file, in one transaction of the commit engine: the
+        file becomes its base with every accepted hunk applied (the rest keeps the base). The
+        result is classified again as a change of its own; a file with unsaved editor changes
+        (`dirty`) or whose disk content moved is marked conflicted and NOTHING is written."""
+        svc = self.svc
+        rec = svc.store.get_run(run_id)
+        self._check_open(rec)
+        plan = self._hunk_plan(rec, selections, "accepted")
+        actor = actor or svc.actor
+        conflicts = [f.path for f, _, _ in plan if f.path in set(dirty)]
+        ops: list[FileOp] = []
+        partial: dict[str, dict[str, object]] = {}
+        if not conflicts:
+            withheld = {w["path"] for w in rec.withheld}
+            out_dir = svc.state.run_dir(rec.id) / "partial"
+            out_dir.mkdir(exist_ok=True)
+            for f, (old, new), states in plan:
+                content = apply_hunks(old, new, {k for k, v in states.items() if v == "accepted"}).encode()
+                base = _entry(f.partial) or _entry(f.before)
+                after = _entry(f.after)
+                mode = after.mode if after else base.mode if base else 0o644
+                entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
+                check = classify(
+                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), svc.policy, withheld
+                )
+                if check[0].decision is Decision.DENY:
+                    raise StateError(
+                        f"the chosen hunks of {display(f.path)} are denied by {check[0].rule} ({check[0].reason});"
+                        " nothing was written"
+                    )
+                src = out_dir / f"{entry.sha256}"
+                src.write_bytes(content)
+                ops.append(FileOp(f.path, base, entry, src))
+                partial[f.path] = entry.to_json()
+        done: list[Applied] = []
+        if ops:
+            txid = f"{rec.id}-{len(rec.applied) + 1}"
+            try:
+                result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
+            except ConflictError as exc:
+                conflicts = list(exc.paths)
+
+        def mark(r: RunRecord) -> None:
+            for f, _, states in plan:
+                g = r.file(f.path)
+                if g is None:
+                    continue
+                if conflicts:
+                    if g.path in conflicts:
+                        g.state = FileState.CONFLICTED
+                    continue
+                g.partial = partial.get(g.path, g.partial)
+                self._settle_hunks(g, states)
+            r.applied.extend(done)
+
+        rec = svc.store.update_run(rec.id, mark)
+        chosen = {p: sorted(ids) for p, ids in selections.items()}
+        applied = sorted({p for a in done for p in a.paths})
+        svc.audit.append(
+            "review.approve_hunks",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            by=actor,
+            hunks=chosen,
+            applied=applied,
+            conflicts=conflicts,
+        )
+        if conflicts:
+            names = ", ".join(display(p) for p in conflicts)
+            raise ConflictError(
+                f"nothing was written: {names} changed since the run was staged or has unsaved changes in the editor",
+                paths=conflicts,
+                hint="save or revert the file, then reject those changes, or start a new run on the current files",
+            )
+        return ApproveResult(self.settle(rec.id), applied, [])
+
+    def reject_hunks(
+        self, run_id: str, selections: Mapping[str, Collection[str]], *, actor: str | None = None
+    ) -> RunRecord:
+        """Discard the chosen hunks; the workspace is not touched. A file whose hunks are all
+        decided becomes accepted (some landed) or rejected (none did)."""
+        svc = self.svc
+        rec = svc.store.get_run(run_id)
+        self._check_open(rec)
+        plan = self._hunk_plan(rec, selections, "rejected")
+
+        def mark(r: RunRecord) -> None:
+            for f, _, states in plan:
+                g = r.file(f.path)
+                if g is not None:
+                    self._settle_hunks(g, states)
+
+        rec = svc.store.update_run(rec.id, mark)
+        svc.audit.append(
+            "review.reject_hunks",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            by=actor or svc.actor,
+            hunks={p: sorted(ids) for p, ids in selections.items()},
+        )
+        return self.settle(rec.id)
+
+    def mark_conflicted(self, run_id: str, paths: Collection[str], why: str) -> RunRecord:
+        """Mark pending changes conflicted (the live file moved under the proposal). Writes nothing."""
+        svc = self.svc
+        hit: list[str] = []
+
+        def mark(r: RunRecord) -> None:
+            for f in r.files:
+                if f.path in paths and f.state is FileState.PENDING:
+                    f.state = FileState.CONFLICTED
+                    hit.append(f.path)
+
+        rec = svc.store.update_run(run_id, mark)
+        if hit:
+            svc.audit.append(
+                "review.conflicted", run=rec.id, agent=rec.agent, policy=rec.policy_revision, paths=hit, why=why
+            )
+        return rec
 
     def settle(self, run_id: str) -> RunRecord:
         """Close the run when no change is pending: applied if anything landed, else rejected."""

@@ -1,0 +1,1 @@
+"""The LSP daemon: `airlockd serve`. See docs/lsp.md."""

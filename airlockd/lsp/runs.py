@@ -1,0 +1,124 @@
+"""A run in the background: execute() on the run pool, work-done progress for staging, running and
+inspecting (cancel = stop), resource samples, and a message when it is proposed or ends badly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from lsprotocol import types
+from pygls.capabilities import get_capability
+
+from airlockd.errors import AirlockError
+from airlockd.lsp import status
+from airlockd.lsp.server import AirlockServer
+from airlockd.records import FileState, RunRecord, RunState
+
+log = logging.getLogger(__name__)
+
+BAD_ENDINGS = {RunState.FAILED, RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
+_PERCENT = {"staging": 10, "running": 40, "inspecting": 80}
+
+
+def outcome(rec: RunRecord) -> tuple[types.MessageType, str] | None:
+    """What to tell the person when a run stops moving, if anything."""
+    detail = rec.transitions[-1].detail if rec.transitions else ""
+    if rec.state is RunState.PROPOSED:
+        n = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
+        return (
+            types.MessageType.Info,
+            f"airlock: run {rec.id} ({rec.agent}) proposes {len(rec.files)} changes: "
+            f"{n[FileState.PENDING]} to review, {n[FileState.ACCEPTED]} applied, {n[FileState.DENIED]} denied",
+        )
+    if rec.state is RunState.APPLIED:
+        return types.MessageType.Info, f"airlock: run {rec.id} ({rec.agent}) applied: {detail}"
+    if rec.state in BAD_ENDINGS:
+        kind = types.MessageType.Error if rec.state is RunState.FAILED else types.MessageType.Warning
+        return kind, f"airlock: run {rec.id} ({rec.agent}) {rec.state.value}: {detail or rec.error or ''}".rstrip()
+    return None
+
+
+class RunProgress:
+    """Work-done progress of one run, when the client supports it; cancelling it stops the run."""
+
+    def __init__(self, ls: AirlockServer, run_id: str) -> None:
+        self.ls, self.run_id = ls, run_id
+        self.token = f"airlock-run-{run_id}"
+        self.on = bool(get_capability(ls.client_capabilities, "window.work_done_progress", False))
+
+    async def begin(self) -> None:
+        if not self.on:
+            return
+        try:
+            await self.ls.work_done_progress.create_async(self.token)
+        except Exception as exc:  # a client that refuses progress still gets its run
+            log.warning("progress for run %s refused by the client: %s", self.run_id, exc)
+            self.on = False
+            return
+        self.ls.work_done_progress.begin(
+            self.token,
+            types.WorkDoneProgressBegin(
+                title=f"airlock run {self.run_id}", cancellable=True, message="admitted", percentage=0
+            ),
+        )
+        cancel = self.ls.work_done_progress.tokens.get(self.token)
+        if cancel is not None:
+            cancel.add_done_callback(self._on_done)
+
+    def _on_done(self, fut: Any) -> None:
+        if fut.cancelled():
+            self.ls.from_thread(self._cancelled)
+
+    def _cancelled(self) -> None:
+        svc = self.ls.service
+        self.ls.spawn(self.ls.call(svc.stop, self.run_id), name=f"stop {self.run_id}")
+
+    def report(self, stage: str, message: str) -> None:  # on the loop
+        if self.on:
+            self.ls.work_done_progress.report(
+                self.token,
+                types.WorkDoneProgressReport(message=f"{stage}: {message}", percentage=_PERCENT.get(stage)),
+            )
+
+    def end(self, message: str) -> None:
+        if self.on:
+            self.ls.work_done_progress.end(self.token, types.WorkDoneProgressEnd(message=message))
+            self.ls.work_done_progress.tokens.pop(self.token, None)
+
+
+async def execute(ls: AirlockServer, run_id: str) -> None:
+    """Take an admitted run to its end in the background; the client hears of every step."""
+    svc = ls.service
+    progress = RunProgress(ls, run_id)
+    await progress.begin()
+
+    def on_progress(stage: str, message: str) -> None:  # the run's thread
+        ls.from_thread(progress.report, stage, message)
+
+    sampler = ls.spawn(status.sample_while_running(ls, run_id), name=f"sample {run_id}")
+    loop = asyncio.get_running_loop()
+    error: str | None = None
+    try:
+        await loop.run_in_executor(ls.run_pool, svc.execute, run_id, on_progress)
+    except AirlockError as exc:
+        error = exc.message
+    except Exception as exc:  # the Service recorded it; the person still needs to hear of it
+        log.exception("run %s failed", run_id)
+        error = str(exc)
+    finally:
+        sampler.cancel()
+        ls.sampled.pop(run_id, None)
+    rec = await ls.call(svc.store.get_run, run_id)
+    progress.end(rec.state.value)
+    said = outcome(rec)
+    if said is not None:
+        ls.show(said[1], said[0])
+    elif error:
+        ls.show(f"airlock: run {run_id}: {error}", types.MessageType.Error)
+    if rec.state is not RunState.PROPOSED:  # proposed was pushed when the state changed
+        ls.spawn(status.push_proposal(ls, run_id), name=f"proposal {run_id}")
+
+
+def live_runs(ls: AirlockServer) -> list[Any]:
+    return [t for t in ls.tasks if t.get_name().startswith("run ")]

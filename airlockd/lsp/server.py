@@ -1,0 +1,109 @@
+"""The airlockd language server: the server class and `create_server()`, which wires the features.
+
+Each feature lives in its own module with a `setup(server)` function; handlers there are thin and
+call logic that is testable without a client. Blocking work (the store, Docker, copying, hashing)
+never runs on the event loop: `call()` sends it to a thread, `spawn()` keeps background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from airlockd import __version__
+from airlockd.service import Service
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class AirlockServer(LanguageServer):
+    """One workspace's airlockd behind LSP. Owns no run logic: that is the Service's."""
+
+    def __init__(self, service: Service) -> None:
+        super().__init__("airlockd", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        # Decisions (approve / reject / undo / conflict marks / expiry) one at a time, so the
+        # watcher never judges a file between a commit and the record of it.
+        self.decisions = threading.Lock()
+        # Runs hold a thread for minutes; they get their own pool so requests never queue behind them.
+        self.run_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="airlock-run")
+        self.sampled: dict[str, float] = {}  # run id -> when its last runStatus was sent
+        self.on_proposal_change: list[Callable[[str], None]] = []  # watching, codelens refresh
+
+    # -- threads and tasks --------------------------------------------------------------------
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking `fn` in a worker thread; the loop keeps answering meanwhile."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def decide(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Like `call`, holding the decisions lock in the worker thread."""
+
+        def locked() -> T:
+            with self.decisions:
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> asyncio.Task[Any]:
+        """A background task that is kept alive and whose failure is logged, never lost."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name or repr(coro))
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=exc)
+
+    def from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call `fn(*args)` on the event loop from any thread (a no-op before the loop is known)."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def notify(self, method: str, payload: Any) -> None:
+        """Send a notification; only ever on the loop thread."""
+        self.protocol.notify(method, payload)
+
+    def show(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
+        self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+    def proposal_changed(self, run_id: str) -> None:
+        for fn in list(self.on_proposal_change):
+            fn(run_id)
+
+
+def create_server(service: Service) -> AirlockServer:
+    """The server with every feature wired in."""
+    from airlockd.lsp import codelens, commands, documents, status
+    from airlockd.lsp import watching as watch
+
+    server = AirlockServer(service)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
+        ls.loop = asyncio.get_running_loop()
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: AirlockServer, params: Any) -> None:
+        watch.stop(ls)
+
+    status.setup(server)
+    commands.setup(server)
+    documents.setup(server)
+    codelens.setup(server)
+    watch.setup(server)
+    return server

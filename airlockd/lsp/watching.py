@@ -1,0 +1,224 @@
+"""Watching the live workspace (watchdog) and the clock.
+
+- `policies.toml` at the workspace root is always watched: an edit reloads the policy; a bad file
+  keeps the last good one in force and the server says so.
+- While any run is proposed the whole tree is watched: a live edit to a file a pending change
+  touches marks that change conflicted at once (`airlock/runStatus`, `airlock/proposal`).
+- Every few seconds, proposals older than the policy's `proposal_ttl_s` become `expired`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
+
+from airlockd.errors import AirlockError, PolicyError
+from airlockd.lsp import status
+from airlockd.lsp.server import AirlockServer
+from airlockd.pipeline.manifest import Entry, Kind, display, entry_for
+from airlockd.policy import POLICY_FILE
+from airlockd.records import FileState, RunRecord, RunState
+from airlockd.service import Service
+
+log = logging.getLogger(__name__)
+
+EXPIRY_CHECK_S = float(os.environ.get("AIRLOCK_EXPIRY_CHECK_S", "2"))
+DEBOUNCE_S = 0.1
+
+
+class Watch:
+    """The observer and its two watches; lives on the server."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        self.observer: BaseObserver | None = None
+        self.tree: ObservedWatch | None = None
+        self.changed: set[str] = set()
+        self.flushing = False
+
+
+class _Events(FileSystemEventHandler):
+    def __init__(self, ls: AirlockServer, workspace: Path) -> None:
+        self.ls, self.workspace = ls, workspace
+
+    def on_any_event(self, event: FileSystemEvent) -> None:  # the observer's thread
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        rels = []
+        for p in (event.src_path, getattr(event, "dest_path", "")):
+            if not p:
+                continue
+            try:
+                rels.append(Path(os.fsdecode(p)).relative_to(self.workspace).as_posix())
+            except ValueError:
+                continue
+        if rels:
+            self.ls.from_thread(_changed, self.ls, rels)
+
+
+def _watch(ls: AirlockServer) -> Watch:
+    w: Watch | None = getattr(ls, "_airlock_watch", None)
+    if w is None:
+        w = Watch(ls.service.workspace)
+        ls._airlock_watch = w  # type: ignore[attr-defined]
+    return w
+
+
+def setup(server: AirlockServer) -> None:
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: AirlockServer, params: types.InitializedParams) -> None:
+        w = _watch(ls)
+        w.observer = Observer()
+        w.observer.daemon = True
+        w.observer.schedule(_Events(ls, w.workspace), str(w.workspace), recursive=False)
+        w.observer.start()
+        ls.spawn(_expiry_loop(ls), name="expiry")
+        ls.spawn(refresh(ls), name="watch refresh")
+
+    def on_change(run_id: str) -> None:
+        server.spawn(refresh(server), name="watch refresh")
+
+    server.on_proposal_change.append(on_change)
+
+
+def stop(ls: AirlockServer) -> None:
+    w = _watch(ls)
+    if w.observer is not None:
+        w.observer.stop()
+        w.observer = None
+
+
+async def refresh(ls: AirlockServer) -> None:
+    """Watch the whole tree while any run is proposed, and only then."""
+    w = _watch(ls)
+    if w.observer is None:
+        return
+    recs = await ls.call(ls.service.store.list_runs)
+    wanted = any(r.state is RunState.PROPOSED for r in recs)
+    if wanted and w.tree is None:
+        w.tree = await ls.call(w.observer.schedule, _Events(ls, w.workspace), str(w.workspace), recursive=True)
+    elif not wanted and w.tree is not None:
+        w.observer.unschedule(w.tree)
+        w.tree = None
+
+
+def _changed(ls: AirlockServer, rels: list[str]) -> None:  # on the loop
+    w = _watch(ls)
+    w.changed.update(rels)
+    if not w.flushing:
+        w.flushing = True
+        ls.spawn(_flush(ls, w), name="watch flush")
+
+
+async def _flush(ls: AirlockServer, w: Watch) -> None:
+    await asyncio.sleep(DEBOUNCE_S)
+    changed, w.changed, w.flushing = w.changed, set(), False
+    if POLICY_FILE in changed:
+        await reload_policy(ls)
+    hits = await ls.decide(conflicts_from_disk, ls.service, changed)
+    for rec, paths in hits:
+        names = ", ".join(display(p) for p in paths)
+        ls.notify(status.RUN_STATUS, {**ls.service.run_status(rec), "conflicts": paths})
+        ls.show(
+            f"airlock: run {rec.id}: {names} changed on disk while the proposal was pending; marked conflicted",
+            types.MessageType.Warning,
+        )
+        await status.push_proposal(ls, rec.id)
+        ls.proposal_changed(rec.id)
+
+
+async def reload_policy(ls: AirlockServer) -> None:
+    svc = ls.service
+    old = svc.loaded.revision
+    try:
+        loaded = await ls.call(svc.reload_policy)
+    except PolicyError as exc:
+        ls.show(
+            f"airlock: {POLICY_FILE} is invalid; the last good policy ({old}) stays in force: {exc.message}",
+            types.MessageType.Error,
+        )
+        return
+    if loaded.revision != old:
+        ls.show(f"airlock: policy reloaded (revision {loaded.revision})", types.MessageType.Info)
+
+
+def _expected(f: Any) -> Entry | None:
+    d = f.partial or f.before
+    return Entry.from_json(d) if d else None
+
+
+def _moved(workspace: Path, rel: str, expected: Entry | None) -> bool:
+    try:
+        live = entry_for(workspace / rel)
+    except FileNotFoundError:
+        return expected is not None
+    except OSError:
+        return True
+    if expected is None:
+        return True
+    return not live.same_content(expected)
+
+
+def conflicts_from_disk(svc: Service, changed: Iterable[str]) -> list[tuple[RunRecord, list[str]]]:
+    """Pending changes of proposed runs whose live file moved away from their base: marked
+    conflicted (blocking; call it holding the decisions lock)."""
+    changed = set(changed)
+    out = []
+    for rec in svc.store.list_runs():
+        if rec.state is not RunState.PROPOSED:
+            continue
+        moved = [
+            f.path
+            for f in rec.files
+            if f.state is FileState.PENDING
+            and f.kind == Kind.FILE.value
+            and f.path in changed
+            and _moved(svc.workspace, f.path, _expected(f))
+        ]
+        if moved:
+            out.append((svc.review.mark_conflicted(rec.id, moved, "the live file changed"), moved))
+    return out
+
+
+def expire_due(svc: Service, now: float | None = None) -> list[RunRecord]:
+    """Proposals not decided within the policy's TTL become expired; nothing is written."""
+    now = time.time() if now is None else now
+    ttl = svc.policy.defaults.proposal_ttl_s
+    out = []
+    for rec in svc.store.list_runs():
+        if rec.state is RunState.PROPOSED and rec.proposed_at is not None and now - rec.proposed_at > ttl:
+            try:
+                rec = svc.transition(rec, RunState.EXPIRED, f"not decided within {ttl:.0f} s")
+            except AirlockError as exc:  # decided meanwhile
+                log.info("run %s not expired: %s", rec.id, exc.message)
+                continue
+            svc.review.cleanup(rec)
+            out.append(rec)
+    return out
+
+
+async def _expiry_loop(ls: AirlockServer) -> None:
+    while True:
+        await asyncio.sleep(EXPIRY_CHECK_S)
+        try:
+            expired = await ls.decide(expire_due, ls.service)
+        except AirlockError as exc:
+            log.warning("expiry check failed: %s", exc.message)
+            continue
+        for rec in expired:
+            ls.show(
+                f"airlock: run {rec.id}: its proposal expired (not decided within the policy's TTL); nothing written",
+                types.MessageType.Warning,
+            )
+            await status.push_proposal(ls, rec.id)
+            ls.proposal_changed(rec.id)

@@ -107,6 +107,7 @@ class Admission(_Model):
     max_tokens: int = Field(0, ge=0)
     max_concurrent: int = Field(2, ge=0)
     quarantine_after: int = Field(3, ge=1)
+    prompt_secrets: Literal["reject", "redact"] = "reject"  # a secret found in a prompt
 
 
 class Defaults(_Model):

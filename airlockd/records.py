@@ -125,6 +125,7 @@ class RunRecord(_Record):
     follow_up: str | None = None
     proposed_at: float | None = None
     injection_markers: list[str] = Field(default_factory=list)
+    prompt_redactions: list[str] = Field(default_factory=list)  # detectors whose finds were masked
     transitions: list[Transition] = Field(default_factory=list)
     withheld: list[dict[str, str]] = Field(default_factory=list)
     files: list[FileReview] = Field(default_factory=list)

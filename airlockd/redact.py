@@ -77,6 +77,15 @@ class Redactor:
         self.add(*values)
         _LIVE.add(self)  # so logs and error messages of this process mask what it knows
 
+    def learn(self, text: str) -> None:
+        """Register every secret the patterns find in `text` as an exact value, so a later copy
+        of it without its telltale context (a bare value echoed by the agent) is masked too."""
+        found = [m for _, m in find_secrets(text)]
+        for m in _ASSIGNMENT.finditer(text):
+            if shannon_entropy(m.group("value")) >= 3.0:
+                found.append(m.group("value"))
+        self.add(*found)
+
     def known_in(self, text: str) -> bool:
         """Whether `text` holds one of the registered values (never says which)."""
         values_re = self._values_re

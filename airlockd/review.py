@@ -444,7 +444,7 @@ class Review:
         rec = self.svc.store.update_run(rec.id, drop_dirs)
         if rec.pending or any(f.state is FileState.CONFLICTED for f in rec.files):
             return rec
-        landed = any(f.state is FileState.ACCEPTED for f in rec.files)
+        landed = any(f.state is FileState.ACCEPTED for f in rec.files) or not rec.files  # nothing to land
         counts = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
         detail = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no changes"
         rec = self.svc.transition(rec, RunState.APPLIED if landed else RunState.REJECTED, detail)
@@ -482,7 +482,7 @@ class Review:
         return rec
 
     def cleanup(self, rec: RunRecord) -> None:
-        shutil.rmtree(self.svc.state.run_dir(rec.id) / "staging", ignore_errors=True)
+        self.svc.cleanup_staging(rec)
 
     # -- showing ------------------------------------------------------------------------------
 

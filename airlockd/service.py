@@ -78,6 +78,13 @@ class Service:
         self._monitors: dict[str, RunMonitor] = {}
         self.loaded = self._load_policy()
         self._learn_gateway_key()
+        # withheld values are masked in whatever this process prints, even input echoed in an error
+        lowest = min(
+            (self.policy.clearance_for(a) for a in self.policy.agents),
+            key=lambda lvl: lvl.rank,
+            default=self.policy.defaults.clearance,
+        )
+        learn_withheld(self.workspace, self.policy, lowest, self.redactor)
         self.review = Review(self)
         self._recover_journals()
         self._reconcile()
@@ -202,6 +209,7 @@ class Service:
         learn_withheld(self.workspace, self.policy, self.policy.clearance_for(agent), self.redactor)
         if self.redactor.known_in(prompt):
             screening.secrets.append("withheld-value")
+        self.redactor.learn(prompt)  # a bare copy of a secret it holds is masked from here on
         run_id = "r" + time.strftime("%y%m%d") + secrets.token_hex(3)
         rec = RunRecord(
             id=run_id,
@@ -215,8 +223,11 @@ class Service:
             injection_markers=screening.injection_markers,
         )
         reason = None
-        if screening.secrets:
+        if screening.secrets and cfg.admission.prompt_secrets == "reject":
             reason = f"the prompt contains a secret ({', '.join(screening.secrets)}); remove it and ask again"
+        elif screening.secrets:  # policy says redact: the agent gets the prompt with the secret masked
+            prompt = self.redactor.text(prompt)
+            rec.prompt_redactions = list(screening.secrets)
         with self.store.tx() as db:
             if reason is None:
                 live = [r for r in db.table("runs").all() if r["agent"] == agent and RunState(r["state"]).live]
@@ -237,6 +248,7 @@ class Service:
             prompt_bytes=len(prompt.encode()),
             prompt_sha256=rec.prompt_sha256,
             injection_markers=screening.injection_markers,
+            prompt_redactions=rec.prompt_redactions,
         )
         self.emit("agentStatus", self.agent_status(agent))
         if reason:
@@ -261,6 +273,7 @@ class Service:
         run_dir = self.state.run_dir(rec.id)
         prompt_file = run_dir / "prompt.raw"
         prompt = prompt_file.read_text()
+        self.redactor.learn(prompt)
         try:
             rec = self._stage(rec, progress)
             exit_info = self._contain(rec, prompt, progress)

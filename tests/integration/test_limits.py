@@ -79,3 +79,23 @@ def test_peaks_are_sampled_while_running(tmp_path: Path) -> None:
     assert rec.peak["pids"] >= 1
     running = [e for e in events if e["kind"] == "runStatus" and e["state"] == "running"]
     assert len(running) >= 2 and max(int(e["memBytes"]) for e in running) >= 30 * 2**20  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("mode", ["reject", "redact"])
+def test_prompt_with_a_secret(tmp_path: Path, mode: str) -> None:
+    svc = workspace(tmp_path)
+    policy = svc.workspace / "policies.toml"
+    policy.write_text(policy.read_text() + f'prompt_secrets = "{mode}"\n')
+    svc.reload_policy()
+    key = "AKIA" + "Q" * 16
+    if mode == "reject":
+        with pytest.raises(Exception, match="aws-access-key") as err:
+            svc.submit("bot", f"deploy with {key}")
+        assert getattr(err.value, "exit_code", None) == 3
+        assert svc.store.get_agent("bot").runs_used == 0
+        return
+    rec = svc.submit("bot", f"echo 'deploy with {key}' > said.txt")
+    assert rec.prompt_redactions == ["aws-access-key"] and key not in rec.prompt
+    rec = svc.execute(rec.id)
+    said = svc.state.run_dir(rec.id) / "staging" / "said.txt"
+    assert said.read_text() == "deploy with [REDACTED]\n"  # the agent never saw the key

@@ -246,12 +246,24 @@ def serve_tcp(server: Any, state: StateDir, host: str, port: int) -> None:
 # -- entry ----------------------------------------------------------------------------------------
 
 
+class _AnsweredErrors(logging.Filter):
+    """pygls logs every error answer with a traceback; an AirlockError answered to the client
+    (refused admission, conflict, bad argument) is not a server fault: keep the log for real ones."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pygls.exceptions import JsonRpcException, JsonRpcInternalError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, JsonRpcException) and not isinstance(exc, JsonRpcInternalError))
+
+
 def serve(workspace: Path, tcp: str | None = None) -> int:
     """`airlockd serve`: take the workspace's lock, start the Service, serve until the client leaves.
     In stdio mode nothing but the protocol is ever written to stdout."""
     from airlockd.lsp.server import create_server
     from airlockd.service import Service
 
+    logging.getLogger("pygls.protocol.json_rpc").addFilter(_AnsweredErrors())
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must never corrupt the protocol stream
     state = StateDir.for_workspace(workspace)

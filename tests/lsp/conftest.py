@@ -134,7 +134,7 @@ async def start_client(ws: Path, state: Path, caps: str) -> LanguageClient:
     return client
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _image() -> None:
     import docker
 
@@ -144,7 +144,9 @@ def _image() -> None:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["visual-studio-code", "neovim"])
-async def client(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
+async def client(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _image: None
+) -> AsyncIterator[Any]:
     root = tmp_path_factory.mktemp(f"lsp-{request.param}")
     ws = make_workspace(root)
     state = root / "state"

@@ -114,10 +114,10 @@ async def test_run_task_answers_at_once_then_proposes(client: LanguageClient) ->
     await wait_until(lambda: last_proposal(client, run_id), what="airlock/proposal")
     assert states_of(client, run_id)[:4] == ["staging", "running", "inspecting", "proposed"]
     token = f"airlock-run-{run_id}"
+    await wait_until(lambda: isinstance(client.progress_reports[token][-1], types.WorkDoneProgressEnd))
     reports = client.progress_reports[token]
     assert isinstance(reports[0], types.WorkDoneProgressBegin) and reports[0].cancellable
     assert {r.message.split(":")[0] for r in reports[1:-1] if r.message} >= {"staging", "running", "inspecting"}
-    await wait_until(lambda: isinstance(client.progress_reports[token][-1], types.WorkDoneProgressEnd))
     await wait_until(lambda: any(run_id in m.message and "proposes" in m.message for m in client.messages))
 
 

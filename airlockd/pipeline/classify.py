@@ -1,20 +1,38 @@
-"""Classification: one decision per change, by deterministic rules.
+"""Classification: exactly one decision per change, by deterministic rules. Pure: no I/O.
 
-Built-in invariants come first and always deny; no policy can weaken them. Then the first
-matching `[[rules]]` entry decides; a change no rule matches is `review`. The final decision is
-the stricter of the rule's and any invariant floor (`auto` < `review` < `deny`).
+Built-in invariants come first and no policy can weaken them: they set a floor (`deny` for most,
+`review` for a few) that the final decision never goes under. Then the first `[[rules]]` entry
+whose patterns match decides; a change no rule matches is `review` ("default"). The final
+decision is the stricter of the two (`auto` < `review` < `deny`), and its rule is the one that
+set it (the invariant on a tie).
+
+Path invariants compare case-insensitively where a case-insensitive checkout (macOS, Windows)
+would make two spellings the same file: `.GIT/config` is `.git/config` there. Withheld and
+protected patterns count when any positive pattern matches: a `!negation` cannot unprotect.
+
+Directories: a created or deleted directory follows the changes inside it (the strictest of
+them), so `mkdir src/pkg` + `src/pkg/a.py` is as `auto` as the file; an empty one goes through
+the rules like a file (patterns see `path/`). Mode changes and type changes are at least
+`review`. Every directory still gets the path invariants of its own name.
 """
 
 from __future__ import annotations
 
+import re
 import stat
-from collections.abc import Collection
+import unicodedata
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
+import pathspec
+
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display
 from airlockd.policy import POLICY_FILE, Decision, Policy
 
-AGENT_HOMES = (".codex", ".claude")
+AGENT_HOMES = (".codex", ".claude")  # and any component starting with ".aider"
+# Bidirectional controls reorder what a person reads ("Trojan source"): as bad as a newline.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_SPECIAL = (Kind.FIFO, Kind.SOCKET, Kind.DEVICE)
 
 
 @dataclass(frozen=True)
@@ -25,76 +43,189 @@ class Classified:
     reason: str
 
 
-def _name_problem(path: str) -> str | None:
+@dataclass(frozen=True)
+class _Verdict:
+    decision: Decision
+    rule: str
+    reason: str
+
+
+def _deny(rule: str, reason: str) -> _Verdict:
+    return _Verdict(Decision.DENY, f"invariant:{rule}", reason)
+
+
+def _review(rule: str, reason: str) -> _Verdict:
+    return _Verdict(Decision.REVIEW, f"invariant:{rule}", reason)
+
+
+def _stricter(a: _Verdict | None, b: _Verdict) -> _Verdict:
+    """The verdict with the higher decision; `a` (the earlier, an invariant) on a tie."""
+    return b if a is None or b.decision.rank > a.decision.rank else a
+
+
+def _name_problem(path: str) -> _Verdict | None:
     if not path or path.startswith("/"):
-        return "absolute or empty path"
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "path climbs out of the workspace or has empty components"
+        return _deny("unsafe-name", "absolute or empty path")
+    if any(p in ("", ".", "..") for p in path.split("/")):
+        return _deny("unsafe-name", "path climbs out of the workspace or has empty components")
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        return "name is not valid UTF-8"
+        return _deny("unsafe-name", "name is not valid UTF-8")
+    if any(unicodedata.category(ch) == "Cc" or ch in _BIDI for ch in path):
+        return _deny("unsafe-name", "name contains a newline, a control or a bidirectional character")
     if not path.isprintable():
-        return "name contains a newline or another control character"
+        return _review("unusual-name", "name contains invisible or unassigned characters")
     return None
 
 
-def _invariant(c: Change, policy: Policy, withheld: Collection[str]) -> tuple[str, str] | None:
-    """(rule, reason) of the first built-in invariant the change breaks, or None."""
-    path = c.path
-    if problem := _name_problem(path):
-        return "invariant:unsafe-name", problem
-    parts = path.split("/")
-    after: Entry | None = c.after
-    before: Entry | None = c.before
-    if ".git" in parts:
-        return "invariant:git-dir", "the repository's .git directory is never writable by an agent"
-    if any(p in AGENT_HOMES or p.startswith(".aider") for p in parts):
-        return "invariant:agent-home", "agent homes (.codex, .claude, .aider*) hold agent state and credentials"
-    if path in withheld or policy.withhold_spec.match_file(path):
-        return "invariant:withheld", "withheld paths are never written from a staging copy"
-    if path == POLICY_FILE:
-        return "invariant:policy-file", "an agent must never rewrite its own policy"
-    if policy.protected_spec.match_file(path):
-        return "invariant:protected-instructions", "instruction files steer future agents"
-    if after is not None and after.kind is Kind.SYMLINK:
-        return "invariant:symlink", f"symlink to {after.target!r} created or changed"
-    if before is not None and before.kind is Kind.SYMLINK and c.change is not ChangeKind.DELETED:
-        return "invariant:symlink", "an existing symlink was replaced"
-    if after is not None and after.kind in (Kind.FIFO, Kind.SOCKET, Kind.DEVICE):
-        return "invariant:special-file", f"{after.kind.value} files are never committed"
-    if after is not None and after.mode & (stat.S_ISUID | stat.S_ISGID):
-        return "invariant:setuid", "setuid/setgid bits are never committed"
-    cap = policy.defaults.max_file_bytes
-    if after is not None and after.kind is Kind.FILE and after.size > cap:
-        return "invariant:size-cap", f"{after.size} bytes is over the policy's cap of {cap}"
-    return None
+class _AnyPattern:
+    """Matches when any positive pattern matches, case-insensitively. Stricter than the gitignore
+    spec on purpose: a `!negation` (say, a workspace's "!.env") can never carve a hole in an
+    invariant, and `.ENV` is `.env` on a case-insensitive checkout."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        positive = [p for p in patterns if not p.startswith("!")]
+        spec = pathspec.PathSpec.from_lines("gitwildmatch", positive)
+        self.regexes = [
+            re.compile(r.pattern, re.IGNORECASE)
+            for r in (getattr(p, "regex", None) for p in spec.patterns)
+            if isinstance(r, re.Pattern) and isinstance(r.pattern, str)
+        ]
+
+    def __call__(self, path: str) -> bool:
+        return any(r.search(path) for r in self.regexes)
 
 
-def classify(changes: ChangeSet, policy: Policy, withheld: Collection[str]) -> list[Classified]:
-    """Exactly one decision per change; deterministic for a given policy and change set."""
-    folded: dict[str, list[str]] = {}
-    for c in changes:
-        folded.setdefault(c.path.casefold(), []).append(c.path)
-    out = []
-    for c in changes:
-        inv = _invariant(c, policy, withheld)
-        if inv is not None:
-            out.append(Classified(c, Decision.DENY, *inv))
-            continue
-        decision, rule, reason = Decision.REVIEW, "default", "no rule matches: a person decides"
+class _Classifier:
+    def __init__(self, policy: Policy, withheld: Collection[str], known: Iterable[str]) -> None:
+        self.policy = policy
+        self.withheld = {w.strip("/").casefold() for w in withheld}
+        self.withhold = _AnyPattern(policy.withhold.patterns)
+        self.protected = _AnyPattern(policy.defaults.protected_files)
+        self.folded: dict[str, set[str]] = {}
+        for p in known:
+            self.folded.setdefault(_fold(p), set()).add(p)
+
+    def invariants(self, c: Change) -> _Verdict | None:
+        """The strictest built-in invariant the change meets, or None."""
+        floor = _name_problem(c.path)
+        if floor is not None and floor.decision is Decision.DENY:
+            return floor
+        for deny in (self._path_invariant(c), self._node_invariant(c)):
+            if deny is not None:
+                return deny
+        twins = sorted(self.folded.get(_fold(c.path), set()) - {c.path})
+        if twins:
+            floor = _stricter(
+                floor,
+                _review("case-collision", f"differs only by case from {display(twins[0])!r}"),
+            )
+        if c.change is ChangeKind.MODE_CHANGED:
+            floor = _stricter(floor, _review("mode-change", "permission changes are reviewed"))
+        if c.change is ChangeKind.TYPE_CHANGED:
+            floor = _stricter(floor, _review("type-change", "a path that changed type is reviewed"))
+        return floor
+
+    def _path_invariant(self, c: Change) -> _Verdict | None:
+        path = c.path
+        parts = [p.casefold() for p in path.split("/")]
+        is_dir = any(e is not None and e.kind is Kind.DIR for e in (c.before, c.after))
+        probe = path + "/" if is_dir else path
+        if ".git" in parts:
+            return _deny("git-dir", "the repository's .git directory is never writable by an agent")
+        if any(p in AGENT_HOMES or p.startswith(".aider") for p in parts):
+            return _deny("agent-home", "agent homes (.codex, .claude, .aider*) hold agent state and credentials")
+        ancestors = {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        if ancestors & self.withheld or self.withhold(probe):
+            return _deny("withheld", "withheld paths are never written from a staging copy")
+        if path.casefold() == POLICY_FILE:
+            return _deny("policy-file", "an agent must never rewrite its own policy")
+        if self.protected(probe):
+            return _deny("protected-instructions", "instruction files steer future agents")
+        return None
+
+    def _node_invariant(self, c: Change) -> _Verdict | None:
+        before, after = c.before, c.after
+        if after is not None and after.kind is Kind.SYMLINK:
+            return _deny("symlink", f"symlink to {display(after.target or '')!r} created or changed")
+        if before is not None and before.kind is Kind.SYMLINK:
+            return _deny("symlink", "an existing symlink was replaced or removed")
+        special = next((e.kind for e in (before, after) if e is not None and e.kind in _SPECIAL), None)
+        if special is not None:
+            return _deny("special-file", f"{special.value} nodes are never committed")
+        if after is not None and _privileged(after):
+            return _deny("setuid", "setuid/setgid bits are never committed")
+        cap = self.policy.defaults.max_file_bytes
+        if after is not None and after.kind is Kind.FILE and after.size > cap:
+            return _deny("size-cap", f"{after.size} bytes is over the policy's cap of {cap}")
+        return None
+
+    def rule(self, c: Change) -> _Verdict:
         is_dir = any(e is not None and e.kind is Kind.DIR for e in (c.before, c.after))
         subject = c.path + "/" if is_dir else c.path  # so "docs/" patterns match the folder itself
-        for n, (spec, r) in enumerate(policy.rule_specs):
+        for n, (spec, r) in enumerate(self.policy.rule_specs):
             if spec.match_file(subject):
-                decision, rule, reason = r.action, r.id or f"rules[{n}]", r.reason
-                break
-        if c.change is ChangeKind.MODE_CHANGED and decision is Decision.AUTO:
-            decision, reason = Decision.REVIEW, f"{reason}; mode changes are reviewed"
-        twins = [p for p in folded[c.path.casefold()] if p != c.path]
-        if twins and decision is Decision.AUTO:
-            decision, rule = Decision.REVIEW, "invariant:case-collision"
-            reason = f"differs only by case from {twins[0]!r}; a case-insensitive checkout would clash"
-        out.append(Classified(c, decision, rule, reason))
-    return out
+                return _Verdict(r.action, r.id or f"rules[{n}]", r.reason)
+        return _Verdict(Decision.REVIEW, "default", "no rule matches: a person decides")
+
+
+def _fold(path: str) -> str:
+    try:
+        return unicodedata.normalize("NFC", path).casefold()
+    except (UnicodeError, ValueError):  # lone surrogates of an undecodable name
+        return path.casefold()
+
+
+def _privileged(e: Entry) -> bool:
+    # setgid on a directory only makes new entries inherit its group (and is inherited itself).
+    bits = stat.S_ISUID if e.kind is Kind.DIR else stat.S_ISUID | stat.S_ISGID
+    return bool(e.mode & bits)
+
+
+def _follows_contents(c: Change) -> bool:
+    """A directory created or deleted as a whole: its decision follows what is inside."""
+    return c.change in (ChangeKind.CREATED, ChangeKind.DELETED) and all(
+        e is None or e.kind is Kind.DIR for e in (c.before, c.after)
+    )
+
+
+def classify(
+    changes: ChangeSet,
+    policy: Policy,
+    withheld: Collection[str],
+    *,
+    base: Collection[str] = (),
+) -> list[Classified]:
+    """Exactly one decision per change, in the order of `changes`; deterministic for a given
+    policy, change set, withheld set and base.
+
+    `withheld` are the paths staging kept out (a directory covers everything under it); `base`,
+    when given, the paths of the staged tree, for case collisions with untouched files. Never
+    reads the filesystem; never lets a policy rule lower an invariant's floor."""
+    todo = list(changes)
+    judge = _Classifier(policy, withheld, [*base, *(c.path for c in todo)])
+    verdicts: dict[str, _Verdict] = {}
+    inside: dict[str, list[_Verdict]] = {}  # directory -> verdicts of the changes under it
+    # Deepest first, so a directory that follows its contents sees their verdicts.
+    for c in sorted(todo, key=lambda c: c.path.count("/"), reverse=True):
+        floor = judge.invariants(c)
+        inner = inside.get(c.path, []) if _follows_contents(c) else []
+        if floor is not None and floor.decision is Decision.DENY:
+            verdict = floor
+        elif inner:
+            strictest = max(inner, key=lambda v: v.decision.rank)
+            what = "created" if c.change is ChangeKind.CREATED else "deleted"
+            reason = f"{what} directory: follows the {len(inner)} change(s) inside it, strictest by {strictest.rule}"
+            verdict = _stricter(floor, _Verdict(strictest.decision, "directory", reason))
+        else:
+            verdict = _stricter(floor, judge.rule(c))
+        verdicts[c.path] = verdict
+        parts = c.path.split("/")
+        for i in range(1, len(parts)):
+            inside.setdefault("/".join(parts[:i]), []).append(verdict)
+    return [Classified(c, *_as_tuple(verdicts[c.path])) for c in todo]
+
+
+def _as_tuple(v: _Verdict) -> tuple[Decision, str, str]:
+    return v.decision, v.rule, v.reason

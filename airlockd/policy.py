@@ -78,6 +78,19 @@ def _check_patterns(patterns: list[str]) -> list[str]:
 Patterns = Annotated[list[str], AfterValidator(_check_patterns)]
 
 
+def _no_negation(patterns: list[str]) -> list[str]:
+    bad = [p for p in patterns if p.lstrip().startswith("!")]
+    if bad:
+        raise ValueError(
+            f"{bad} would un-withhold or un-protect files; a policy can add to these lists, never subtract"
+        )
+    return patterns
+
+
+# Withheld and protected lists only ever grow: a "!pattern" would re-include what a default keeps out.
+FloorPatterns = Annotated[list[str], AfterValidator(_check_patterns), AfterValidator(_no_negation)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -115,7 +128,7 @@ class Defaults(_Model):
     clearance: Level = Level.INTERNAL
     proposal_ttl_s: float = Field(86400, gt=0)
     max_file_bytes: int = Field(5_000_000, ge=1)
-    protected_files: Patterns = Field(default_factory=list)
+    protected_files: FloorPatterns = Field(default_factory=list)
     limits: Limits = Limits()
     admission: Admission = Admission()
 
@@ -142,7 +155,7 @@ class AgentConfig(_Model):
 
 
 class Withhold(_Model):
-    patterns: Patterns = Field(default_factory=list)
+    patterns: FloorPatterns = Field(default_factory=list)
     detectors: list[str] = Field(default_factory=list)
 
     @field_validator("detectors")

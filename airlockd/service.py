@@ -488,7 +488,7 @@ class Service:
         changes = inspect(run_dir / "staging", base)
         withheld = {w["path"] for w in rec.withheld}
         files = []
-        for c in classify(changes, self.policy, withheld):
+        for c in classify(changes, self.policy, withheld, base=base.keys()):
             state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
             files.append(
                 FileReview(

@@ -69,6 +69,8 @@ def test_workspace_cannot_drop_protected_files(tmp_path: Path) -> None:
         ("[agents.x]\ncommand = ['run']\nprompt = 'argv'\n", "agents.x", "{prompt}"),
         ("[[rules]]\nmatch = ['*.py']\naction = 'allow'\nreason = 'r'\n", "rules.0.action", "auto"),
         ("[withhold]\ndetectors = ['psychic']\n", "withhold.detectors", "unknown detector"),
+        ("[withhold]\npatterns = ['!.env']\n", "withhold.patterns", "never subtract"),
+        ("[defaults]\nprotected_files = ['!AGENTS.md']\n", "defaults.protected_files", "never subtract"),
     ],
 )
 def test_bad_policy_names_file_key_and_fix(tmp_path: Path, text: str, key: str, words: str) -> None:

@@ -7,6 +7,7 @@ results. Errors are AirlockErrors turned into JSON-RPC errors with stable codes 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -208,10 +209,31 @@ async def undo(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     return {"runId": rec.id, "state": rec.state.value}
 
 
+class RunList:
+    """Run summaries, parsed again only when the store file changed (it is replaced atomically on
+    every write, so inode, mtime and size name one version): listing stays cheap while a run works."""
+
+    def __init__(self, svc: Service) -> None:
+        self.svc = svc
+        self.key: tuple[int, int, int] | None = None
+        self.value: list[dict[str, Any]] = []
+
+    def get(self) -> list[dict[str, Any]]:
+        try:
+            st = os.stat(self.svc.state.store)
+        except FileNotFoundError:
+            return []
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self.key:
+            self.value = [run_summary(r) for r in self.svc.store.list_runs()]
+            self.key = key  # read after the stat: a newer write only makes the next call re-read
+        return self.value
+
+
 async def list_runs(ls: AirlockServer, *arguments: Any) -> list[dict[str, Any]]:
     parse(NoArgs, arguments)
-    recs = await ls.call(ls.service.store.list_runs)
-    return [run_summary(r) for r in recs]
+    cache = ls.run_list = getattr(ls, "run_list", None) or RunList(ls.service)
+    return await ls.call(cache.get)
 
 
 async def get_evidence(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:

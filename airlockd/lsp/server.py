@@ -39,6 +39,7 @@ class AirlockServer(LanguageServer):
         self.run_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="airlock-run")
         self.sampled: dict[str, float] = {}  # run id -> when its last runStatus was sent
         self.on_proposal_change: list[Callable[[str], None]] = []  # watching, codelens refresh
+        self.run_list: Any = None  # commands.RunList, made on first use
 
     # -- threads and tasks --------------------------------------------------------------------
 

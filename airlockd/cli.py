@@ -91,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> Any:
 
 
 def cmd_execute(args: argparse.Namespace) -> Any:
-    return _service(args).execute(args.run)
+    svc = _service(args)
+    return svc.resume(args.run) if args.resume else svc.execute(args.run)
 
 
 def cmd_runs(args: argparse.Namespace) -> Any:
@@ -328,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
     sp = sub.add_parser("_execute", parents=[common])
     sp.set_defaults(fn=cmd_execute)
+    sp.add_argument("--resume", action="store_true")
     sp.add_argument("run")
     add("runs", cmd_runs, "list runs")
     add("show", cmd_show, "one run with its changes, decisions and evidence").add_argument("run")

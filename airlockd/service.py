@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -297,6 +298,43 @@ class Service:
             prompt_file.unlink(missing_ok=True)
             (run_dir / "prompt").unlink(missing_ok=True)
 
+    def resume(self, run_id: str, progress: Progress = _noop) -> RunRecord:
+        """Take over a running run whose process died: keep enforcing its limits on the live
+        container, then inspect and propose it as `execute` would have. Blocking."""
+        rec = self.store.get_run(run_id)
+        if rec.state is not RunState.RUNNING:
+            raise StateError(f"run {rec.id} is {rec.state.value}, not running")
+
+        def own(r: RunRecord) -> None:
+            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
+
+        rec = self.store.update_run(rec.id, own)
+        self.audit.append("recovery.reattached", run=rec.id, agent=rec.agent, policy=rec.policy_revision)
+        limits = self.policy.agent(rec.agent).limits
+        try:
+            info = self._watch(
+                rec,
+                lambda on_output: self.sandbox.attach(
+                    rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
+                ),
+            )
+            rec = self.store.get_run(rec.id)
+            ended = self._ending(rec, info)
+            if ended is not None:
+                self.keep_for_inspection(ended)
+                return ended
+            return self._inspect(rec, progress)
+        except Exception as exc:
+            rec = self.store.get_run(rec.id)
+            if rec.state.live:
+                msg = self.redactor.text(str(exc))
+                rec = self.transition(rec, RunState.FAILED, msg, error=msg)
+                self.keep_for_inspection(rec)
+            return rec
+        finally:
+            for name in ("prompt.raw", "prompt"):
+                (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+
     def _stage(self, rec: RunRecord, progress: Progress) -> RunRecord:
         rec = self.transition(rec, RunState.STAGING)
         progress("staging", "copying the workspace without withheld files")
@@ -375,6 +413,12 @@ class Service:
             user=spec.user,
             limits=spec.limits.model_dump(),
         )
+        return self._watch(rec, lambda on_output: self.sandbox.run(spec, on_output))
+
+    def _watch(self, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:
+        """Run or re-attach to the container with live sampling, then record what it did."""
+        cfg = self.policy.agent(rec.agent)
+        run_dir = self.state.run_dir(rec.id)
         usage = self.store.get_agent(rec.agent)
         budget = cfg.admission.max_tokens
         monitor = RunMonitor(
@@ -387,16 +431,19 @@ class Service:
             publish=lambda sample: self._publish_sample(rec.id, sample),
         ).start()
         try:
-            info = self.sandbox.run(spec, monitor.on_output)
+            found = start(monitor.on_output)
         finally:
             monitor.finish()
+        if found is None:
+            raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
+        info = found
         self._monitors[rec.id] = monitor
         self._record_usage(rec, monitor)
         tail = self.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
         (run_dir / "output.log").write_text(tail)
         container = {
             "id": info.container_id[:12],
-            "image": spec.image,
+            "image": rec.container.get("image"),
             "exit_code": info.exit_code,
             "oom_killed": info.oom_killed,
             "duration_s": round(info.duration_s, 3),
@@ -754,6 +801,8 @@ class Service:
             if not rec.state.live or rec.owner_pid is None or _alive(rec.owner_pid, rec.owner_start):
                 continue
             reaped = "no container was started"
+            if rec.state is RunState.RUNNING and self._reattach(rec):
+                continue
             if rec.state is RunState.RUNNING:
                 try:
                     n = self.sandbox.reap(rec.id)
@@ -775,6 +824,31 @@ class Service:
             for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
                 (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
             self.keep_for_inspection(self.transition(rec, RunState.FAILED, why, error=why))
+
+    def _reattach(self, rec: RunRecord) -> bool:
+        """Hand a still-running container of a dead process to a new background process that
+        keeps enforcing its limits (`airlockd _execute --resume`). False if nothing runs."""
+        try:
+            running = self.sandbox.stats(rec.id) is not None
+        except EngineError:
+            return False
+        if not running:
+            return False
+
+        def claim(r: RunRecord) -> None:  # ours until the new process claims it for itself
+            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
+
+        self.store.update_run(rec.id, claim)
+        log_file = self.state.run_dir(rec.id) / "daemon.log"
+        with log_file.open("ab") as err:
+            subprocess.Popen(
+                [sys.executable, "-m", "airlockd", "--workspace", str(self.workspace), "_execute", "--resume", rec.id],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        return True
 
     def keep_for_inspection(self, rec: RunRecord) -> None:
         """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so

@@ -90,6 +90,17 @@ class Sandbox(Protocol):
         """Raise EngineError, saying how to fix it, when the engine does not answer."""
         ...
 
+    def attach(
+        self,
+        run_id: str,
+        limits: Limits,
+        *,
+        output_so_far: int = 0,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> ExitInfo | None:
+        """Keep watching a running container another (dead) process started; None if none runs."""
+        ...
+
     def reap(self, run_id: str) -> int:
         """Kill and remove every container of a run whose owner is gone; how many there were."""
         ...

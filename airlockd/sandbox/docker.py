@@ -27,6 +27,7 @@ from docker.types import LogConfig, Mount
 from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError, UsageError
+from airlockd.policy import Limits
 from airlockd.sandbox.base import STDIN_PATH, TAIL_BYTES, WORKSPACE_PATH, ContainerSpec, ExitInfo
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,51 @@ class DockerSandbox:
             self._remove(spec.run_id, container)
             with self._lock:
                 self._requested.pop(spec.run_id, None)
+
+    def attach(
+        self,
+        run_id: str,
+        limits: Limits,
+        *,
+        output_so_far: int = 0,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> ExitInfo | None:
+        """Take over watching a run's container that an earlier process started (after that
+        process died): the same wall-time and output limits from where they stood, and removal
+        at the end. None when no container of the run is running."""
+        running = [c for c in self._find(run_id) if c.status == "running"]
+        if not running:
+            return None
+        container = running[0]
+        effective = _effective(container.attrs)
+        started_at = container.attrs.get("State", {}).get("StartedAt", "")
+        elapsed = _since(started_at)
+        started = time.monotonic() - elapsed
+        out = _Output(limits.output_bytes, total=output_so_far)  # earlier output counts against the cap
+        try:
+            reader = self._start_reader(container, out, on_output)
+            timed_out = not self._wait(container, started + limits.wall_time_s)
+            if timed_out:
+                self._kill_quietly(container)
+                self._wait(container, time.monotonic() + 30)
+            reader.join(timeout=10)
+            with _engine(f"inspecting the container for run {run_id}"):
+                container.reload()
+            state = container.attrs.get("State", {})
+            return _exit(
+                container,
+                state.get("ExitCode"),
+                bool(state.get("OOMKilled")),
+                out,
+                self._asked(run_id),
+                started,
+                effective,
+                timed_out=timed_out,
+            )
+        finally:
+            self._remove(run_id, container)
+            with self._lock:
+                self._requested.pop(run_id, None)
 
     def stop(self, run_id: str, grace_s: float) -> None:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
@@ -418,3 +464,15 @@ def _stats_sample(raw: dict[str, Any]) -> dict[str, float]:
         "mem_max_bytes": float(mem.get("max_usage", 0)),  # cgroup v1 high-water mark (0 on v2)
         "pids": float(raw.get("pids_stats", {}).get("current", 0)),
     }
+
+
+def _since(iso: str) -> float:
+    """Seconds since an engine timestamp (RFC 3339 with nanoseconds); 0 if unreadable."""
+    from datetime import UTC, datetime
+
+    try:
+        head, _, frac = iso.rstrip("Z").partition(".")
+        at = datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}"[:11])
+    except ValueError:
+        return 0.0
+    return max(0.0, time.time() - at)

@@ -200,18 +200,38 @@ def test_background_run_then_stop_or_kill_from_another_process(
     assert code == 1  # a stopped run has nothing to approve
 
 
-def test_a_run_whose_process_dies_is_reconciled(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The executing process dies while the agent runs: the next command hands the live container
+    to a new process that keeps enforcing its limits and proposes the result."""
     import signal
+    import time
+
+    code, run = cli(ws, "run", "--agent", "bot", "sleep 4; echo done > done.txt", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    running = _wait_state(ws, run["id"], {"running"}, capsys)
+    os.kill(running["owner_pid"], signal.SIGKILL)  # dies without cleaning up
+    time.sleep(0.5)
+    final = _wait_state(ws, run["id"], {"proposed", "failed"}, capsys)  # `show` reconciles
+    assert final["state"] == "proposed", final.get("error")
+    assert [f["path"] for f in final["files"]] == ["done.txt"]
+    assert final["owner_pid"] != running["owner_pid"]
+    kinds = [e["kind"] for e in final["timeline"]]
+    assert "recovery.reattached" in kinds
+
+
+def test_a_run_whose_container_is_gone_is_reconciled(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+    import time
+
+    import docker
 
     code, run = cli(ws, "run", "--agent", "bot", "sleep 60", capsys=capsys)
     assert code == 0 and isinstance(run, dict)
     running = _wait_state(ws, run["id"], {"running"}, capsys)
-    os.kill(running["owner_pid"], signal.SIGKILL)  # the executing process dies without cleaning up
-    import time
-
+    os.kill(running["owner_pid"], signal.SIGKILL)
+    for c in docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}):
+        c.remove(force=True)  # and its container with it
     time.sleep(0.5)
-    final = _wait_state(ws, run["id"], {"failed"}, capsys)  # the next command reconciles it
-    assert "1 container(s) killed and removed" in final["error"]
-    import docker
-
+    final = _wait_state(ws, run["id"], {"failed"}, capsys)
+    assert "ended while it was running" in final["error"]
     assert docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}) == []

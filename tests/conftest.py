@@ -47,3 +47,9 @@ def _unmount_below(root: Path) -> None:
         points = [line.split()[1].replace("\\040", " ") for line in fh]
     for point in sorted((p for p in points if p.startswith(str(root) + "/")), reverse=True):
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fixtures with a wider scope (LSP workspaces) may leave capped staging mounts: drop them."""
+    base = str(session.config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+    _unmount_below(Path(base))

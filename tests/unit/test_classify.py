@@ -21,9 +21,6 @@ PERMISSIVE = """
 max_file_bytes = 1000
 protected_files = []
 
-[withhold]
-patterns = ["!.env", "!*.pem"]
-
 [[rules]]
 match = ["*", ".*", "**/*", "/policies.toml", ".git/", "AGENTS.md"]
 action = "auto"
@@ -41,6 +38,13 @@ def policy_for(tmp_path: Path, text: str) -> Policy:
 @pytest.fixture
 def permissive(tmp_path: Path) -> Policy:
     return policy_for(tmp_path, PERMISSIVE)
+
+
+def test_negating_a_withheld_pattern_is_refused_at_load(tmp_path: Path) -> None:
+    from airlockd.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="never subtract"):
+        policy_for(tmp_path, '[withhold]\npatterns = ["!.env", "!*.pem"]\n')
 
 
 def file(size: int = 5, mode: int = 0o644, digest: str = "ab") -> Entry:

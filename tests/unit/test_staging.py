@@ -481,7 +481,12 @@ def test_base_is_exactly_the_copy(tmp_path_factory: pytest.TempPathFactory, tree
 
 
 def test_a_workspace_cannot_unwithhold_a_default(ws: Path, tmp_path: Path) -> None:
-    (ws / "policies.toml").write_text('[withhold]\npatterns = ["!.env", "!.env.example", "*.dump"]\n')
+    from airlockd.errors import PolicyError
+
+    (ws / "policies.toml").write_text('[withhold]\npatterns = ["!.env", "*.dump"]\n')
+    with pytest.raises(PolicyError, match="never subtract"):  # refused outright at load
+        load_policy(ws)
+    (ws / "policies.toml").write_text('[withhold]\npatterns = ["*.dump"]\n')
     write(ws, ".env", "A=1\n")
     write(ws, ".env.example", "A=\n")
     write(ws, "db.dump", "rows\n")

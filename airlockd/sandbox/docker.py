@@ -28,6 +28,7 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError, UsageError
 from airlockd.policy import Limits
+from airlockd.sandbox import volumes
 from airlockd.sandbox.base import STDIN_PATH, TAIL_BYTES, WORKSPACE_PATH, ContainerSpec, ExitInfo
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,9 @@ class DockerSandbox:
         container: Container | None = None
         out = _Output(spec.limits.output_bytes)
         try:
+            if spec.workspace_overlay is not None:
+                with _engine(f"creating the overlay volume for run {spec.run_id}"):
+                    volumes.create(self.client, spec.run_id, spec.workspace_overlay)
             with _engine(f"creating the container for run {spec.run_id}"):
                 container = self.client.containers.create(**kwargs)
                 container.reload()
@@ -127,26 +131,11 @@ class DockerSandbox:
                 container.start()
             if self._asked(spec.run_id) is not None:  # stop/kill raced with start: it still wins
                 self._kill_quietly(container)
-            timed_out = not self._wait(container, started + spec.limits.wall_time_s)
-            if timed_out:
-                self._kill_quietly(container)
-                self._wait(container, time.monotonic() + 30)
-            reader.join(timeout=10)
-            with _engine(f"inspecting the container for run {spec.run_id}"):
-                container.reload()
-            state = container.attrs.get("State", {})
-            return _exit(
-                container,
-                state.get("ExitCode"),
-                bool(state.get("OOMKilled")),
-                out,
-                self._asked(spec.run_id),
-                started,
-                effective,
-                timed_out=timed_out,
-            )
+            return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader)
         finally:
             self._remove(spec.run_id, container)
+            if spec.workspace_overlay is not None:  # unmounted with its container: drop it now
+                volumes.remove(self.client, spec.run_id)
             with self._lock:
                 self._requested.pop(spec.run_id, None)
 
@@ -172,28 +161,44 @@ class DockerSandbox:
         out = _Output(limits.output_bytes, total=output_so_far)  # earlier output counts against the cap
         try:
             reader = self._start_reader(container, out, on_output)
-            timed_out = not self._wait(container, started + limits.wall_time_s)
-            if timed_out:
-                self._kill_quietly(container)
-                self._wait(container, time.monotonic() + 30)
-            reader.join(timeout=10)
-            with _engine(f"inspecting the container for run {run_id}"):
-                container.reload()
-            state = container.attrs.get("State", {})
-            return _exit(
-                container,
-                state.get("ExitCode"),
-                bool(state.get("OOMKilled")),
-                out,
-                self._asked(run_id),
-                started,
-                effective,
-                timed_out=timed_out,
-            )
+            return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader)
         finally:
             self._remove(run_id, container)
+            volumes.remove(self.client, run_id)  # its overlay volume, if it had one
+            volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             with self._lock:
                 self._requested.pop(run_id, None)
+
+    def _follow(
+        self,
+        container: Container,
+        run_id: str,
+        started: float,
+        wall_time_s: float,
+        out: _Output,
+        effective: dict[str, Any],
+        reader: threading.Thread,
+    ) -> ExitInfo:
+        """Wait for a started container within its wall time (killing it past that), drain its
+        output, and read how it ended."""
+        timed_out = not self._wait(container, started + wall_time_s)
+        if timed_out:
+            self._kill_quietly(container)
+            self._wait(container, time.monotonic() + 30)
+        reader.join(timeout=10)
+        with _engine(f"inspecting the container for run {run_id}"):
+            container.reload()
+        state = container.attrs.get("State", {})
+        return _exit(
+            container,
+            state.get("ExitCode"),
+            bool(state.get("OOMKilled")),
+            out,
+            self._asked(run_id),
+            started,
+            effective,
+            timed_out=timed_out,
+        )
 
     def stop(self, run_id: str, grace_s: float) -> None:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
@@ -219,6 +224,7 @@ class DockerSandbox:
         for c in found:
             with _engine(f"removing the container of run {run_id}"), contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)
+        volumes.remove_labelled(self.client, run_id)
         return len(found)
 
     def stats(self, run_id: str) -> dict[str, float] | None:
@@ -250,6 +256,8 @@ class DockerSandbox:
         if not spec.workspace.is_absolute() or not spec.workspace.is_dir():
             raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
         mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
+        if spec.workspace_overlay is not None:
+            mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False)]
         argv = list(spec.argv)
         if spec.stdin_file is not None:
             if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():

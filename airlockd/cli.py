@@ -62,6 +62,7 @@ def _print_run(rec: RunRecord) -> None:
 
 def cmd_run(args: argparse.Namespace) -> Any:
     svc = _service(args)
+    svc.sweep()
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
     if args.wait:

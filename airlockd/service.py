@@ -25,11 +25,12 @@ from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence import live_tree
-from airlockd.pipeline import admission
+from airlockd.pipeline import admission, stagers
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import recover
 from airlockd.pipeline.manifest import load_manifest, save_manifest
-from airlockd.pipeline.staging import inspect, stage
+from airlockd.pipeline.mirror import mirror_for
+from airlockd.pipeline.staging import stage
 from airlockd.policy import Decision, LoadedPolicy, Mode, load_policy
 from airlockd.records import (
     FileReview,
@@ -42,7 +43,7 @@ from airlockd.records import (
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.review import Review
 from airlockd.sandbox import capfs
-from airlockd.sandbox.base import ContainerSpec, ExitInfo, Sandbox
+from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume, Sandbox
 from airlockd.state import StateDir
 from airlockd.store import Store, update_agent_in
 from airlockd.withheld import learn as learn_withheld
@@ -348,15 +349,28 @@ class Service:
             self.audit.append(
                 "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
             )
-        result = stage(
-            self.workspace,
-            staging,
-            self.policy,
-            self.policy.clearance_for(rec.agent),
-            owner=owner,
-            redactor=self.redactor,
-        )
-        self._classify_labels(rec, staging, result)
+        stager, why = stagers.choose(self.state.root)
+        clearance = self.policy.clearance_for(rec.agent)
+        mirror: dict[str, Any] = {}
+        if stager == stagers.OVERLAY:  # the mirror refreshed, a fresh upper layer on the capped tmpfs
+            view = mirror_for(self.state.root, clearance).refresh(
+                self.workspace,
+                self.policy,
+                clearance,
+                owner=owner,
+                redactor=self.redactor,
+                run_id=rec.id,
+                is_live=self._run_live,
+            )
+            result, lay = view.result, stagers.layout(staging, view.tree)
+            stagers.prepare(lay, owner)
+            stagers.write_meta(self.state.run_dir(rec.id), stager, why, view)
+            mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
+            self._classify_labels(rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
+        else:
+            result = stage(self.workspace, staging, self.policy, clearance, owner=owner, redactor=self.redactor)
+            stagers.write_meta(self.state.run_dir(rec.id), stager, why)
+            self._classify_labels(rec, staging, result)
         if capped:  # the agent may add `growth` bytes to what was staged, and not one more
             capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
         save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
@@ -376,11 +390,15 @@ class Service:
             bytes=result.bytes,
             withheld=len(withheld),
             skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
+            stager=stager,
+            stager_why=why,
+            mirror=mirror or None,
         )
         staged = capfs.used_bytes(staging) if capped else result.bytes
 
         def record(r: RunRecord) -> None:
             r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
+            r.stager = stager
 
         return self.store.update_run(rec.id, record)
 
@@ -394,12 +412,13 @@ class Service:
             run_id=rec.id,
             image=self.image_for(rec.agent),
             argv=inv.argv,
-            workspace=run_dir / "staging",
+            workspace=stagers.staged_root(run_dir),
             limits=cfg.limits,
             stdin_file=inv.stdin_file,
             env=inv.env,
             user=user,
             labels={"airlockd.workspace": str(self.workspace), "airlockd.agent": rec.agent},
+            workspace_overlay=self._overlay_volume(run_dir),
         )
         self.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
         progress("running", f"agent {rec.agent} running in {spec.image}")
@@ -434,6 +453,7 @@ class Service:
             found = start(monitor.on_output)
         finally:
             monitor.finish()
+            stagers.release(run_dir, self._run_live)  # the container (and its overlay) is gone
         if found is None:
             raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
         info = found
@@ -532,7 +552,7 @@ class Service:
         progress("inspecting", "hashing the staging copy")
         run_dir = self.state.run_dir(rec.id)
         base = load_manifest(run_dir / "base.json")
-        changes = inspect(run_dir / "staging", base)
+        changes = stagers.inspect_run(run_dir, base)  # from the upper layer, or a full rescan
         withheld = {w["path"] for w in rec.withheld}
         files = []
         for c in classify(changes, self.policy, withheld, base=base.keys()):
@@ -622,6 +642,20 @@ class Service:
             unchanged=before == tree["sha256"],
         )
 
+    def _run_live(self, run_id: str) -> bool:
+        """Whether a run may still have its overlay mounted (its mirror generation is in use)."""
+        try:
+            return self.store.get_run(run_id).state.live
+        except Exception:
+            return False
+
+    def _overlay_volume(self, run_dir: Path) -> OverlayVolume | None:
+        meta = stagers.meta(run_dir)
+        if meta.get("stager") != stagers.OVERLAY:
+            return None
+        lay = stagers.layout(run_dir / "staging", Path(str(meta["lower"])))
+        return OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)
+
     def _classifier(self) -> Any:
         cfg = self.policy.classifier
         if not cfg.enabled:
@@ -630,7 +664,9 @@ class Service:
 
         return Classifier(cfg)
 
-    def _classify_labels(self, rec: RunRecord, staging: Path, result: Any) -> None:
+    def _classify_labels(
+        self, rec: RunRecord, staging: Path, result: Any, hide: Callable[[str], None] | None = None
+    ) -> None:
         """Model-assisted labels (raise only): a staged file the model rates above the agent's
         clearance is removed from the staging copy before the agent starts, and withheld."""
         clf = self._classifier()
@@ -668,7 +704,7 @@ class Service:
             }
             if withhold:  # absent, not hidden: gone from the copy before the agent starts
                 self.redactor.add_file_values(data.decode("utf-8", "replace"))
-                (staging / path).unlink()
+                hide(path) if hide is not None else (staging / path).unlink()
                 del result.base[path]
                 result.withheld.append(Withheld(path, f"classifier:label={v.to}"))
             self._classifier_raised(rec, raised)
@@ -694,14 +730,14 @@ class Service:
         clf = self._classifier()
         if clf is None or not clf.cfg.decisions:
             return files
-        staging = self.state.run_dir(rec.id) / "staging"
+        run_dir = self.state.run_dir(rec.id)
         for f in files:
             if f.decision is Decision.DENY:
                 continue
             data = None
             if f.after and f.after.get("kind") == "file":
                 try:
-                    data = (staging / f.path).read_bytes()[: clf.cfg.max_bytes]
+                    data = stagers.proposed_path(run_dir, f.path).read_bytes()[: clf.cfg.max_bytes]
                 except OSError:
                     data = None
             v = clf.decision(f.path, f.change, data, f.decision)
@@ -825,6 +861,35 @@ class Service:
                 (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
             self.keep_for_inspection(self.transition(rec, RunState.FAILED, why, error=why))
 
+    def sweep(self) -> dict[str, int]:
+        """Reap what no live run owns: airlockd's containers of runs that are over (or unknown),
+        staging copies of decided runs, run folders without a run. Runs before a new run starts
+        and when the daemon starts; a stopped or failed run keeps its staging for inspection."""
+        runs = {r.id: r for r in self.store.list_runs()}
+        containers = 0
+        try:
+            for run_id in self.sandbox.labelled_runs(str(self.workspace)):
+                if run_id not in runs or not runs[run_id].state.live:
+                    containers += self.sandbox.reap(run_id)
+        except EngineError as exc:
+            log.warning("could not look for orphaned containers: %s", exc.message)
+        decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
+        folders = staging = 0
+        for run_dir in sorted(self.state.runs.iterdir()) if self.state.runs.is_dir() else []:
+            rec = runs.get(run_dir.name)
+            if rec is None:
+                if capfs.is_mount(run_dir / "staging"):
+                    capfs.unmount(run_dir / "staging")
+                shutil.rmtree(run_dir, ignore_errors=True)
+                folders += 1
+            elif rec.state in decided and (run_dir / "staging").exists():
+                self.cleanup_staging(rec)
+                staging += 1
+        swept = {"containers": containers, "run_folders": folders, "staging_copies": staging}
+        if any(swept.values()):
+            self.audit.append("recovery.swept", policy=self.loaded.revision, swept=swept)
+        return swept
+
     def _reattach(self, rec: RunRecord) -> bool:
         """Hand a still-running container of a dead process to a new background process that
         keeps enforcing its limits (`airlockd _execute --resume`). False if nothing runs."""
@@ -854,6 +919,7 @@ class Service:
         """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
         it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
         staging = self.state.run_dir(rec.id) / "staging"
+        stagers.release(staging.parent, self._run_live)
         if not capfs.is_mount(staging):
             return
         kept = staging.with_name("staging.kept")
@@ -866,6 +932,7 @@ class Service:
     def cleanup_staging(self, rec: RunRecord) -> None:
         """Drop a finished run's staging copy (and its capped filesystem)."""
         staging = self.state.run_dir(rec.id) / "staging"
+        stagers.release(staging.parent, self._run_live)
         if capfs.is_mount(staging):
             capfs.unmount(staging)
         shutil.rmtree(staging, ignore_errors=True)

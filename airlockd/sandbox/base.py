@@ -22,6 +22,17 @@ TAIL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
+class OverlayVolume:
+    """An overlay the engine mounts at /workspace as a per-run named volume (local driver):
+    `options` is the whole mount option string (lowerdir=...,upperdir=...,workdir=...,...)."""
+
+    lower: Path
+    upper: Path
+    work: Path
+    options: str
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """One agent run: the command, the staged workspace, the limits and the wiring around them."""
 
@@ -37,6 +48,9 @@ class ContainerSpec:
     # Extra bind mounts: (host path, container path, read_only); e.g. the gateway socket.
     mounts: list[tuple[Path, str, bool]] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    # When set, /workspace is this overlay (a volume created for the run and removed after its
+    # container) instead of a bind mount of `workspace` (which is then the upper layer).
+    workspace_overlay: OverlayVolume | None = None
 
 
 @dataclass
@@ -99,6 +113,10 @@ class Sandbox(Protocol):
         on_output: Callable[[bytes], None] | None = None,
     ) -> ExitInfo | None:
         """Keep watching a running container another (dead) process started; None if none runs."""
+        ...
+
+    def labelled_runs(self, workspace: str) -> list[str]:
+        """Run ids of every container this sandbox started for `workspace`, running or not."""
         ...
 
     def reap(self, run_id: str) -> int:

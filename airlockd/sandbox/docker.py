@@ -361,6 +361,14 @@ class DockerSandbox:
         with self._lock:
             return self._requested.get(run_id)
 
+    def labelled_runs(self, workspace: str) -> list[str]:
+        """Run ids of every container (running or not) airlockd started for `workspace`."""
+        with _engine("listing airlockd's containers"):
+            found = self.client.containers.list(
+                all=True, filters={"label": f"airlockd.workspace={workspace}"}, ignore_removed=True
+            )
+        return sorted({c.labels.get(RUN_LABEL, "") for c in found} - {""})
+
     def _find(self, run_id: str) -> list[Container]:
         with _engine(f"looking up run {run_id}"):
             found: list[Container] = self.client.containers.list(

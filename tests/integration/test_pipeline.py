@@ -235,3 +235,24 @@ def test_a_run_whose_container_is_gone_is_reconciled(ws: Path, capsys: pytest.Ca
     final = _wait_state(ws, run["id"], {"failed"}, capsys)
     assert "ended while it was running" in final["error"]
     assert docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}) == []
+
+
+def test_sweep_reaps_orphans(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import docker
+
+    from airlockd.sandbox.image import image_tag
+    from airlockd.service import Service
+
+    svc = Service(ws)
+    client = docker.from_env()
+    labels = {"airlockd": "1", "airlockd.run": "rorphan", "airlockd.workspace": str(svc.workspace)}
+    client.containers.create(image_tag(), ["true"], labels=labels)  # left by a process long gone
+    stray = svc.state.runs / "rstray"
+    (stray / "staging").mkdir(parents=True)
+    code, run = cli(ws, "run", "--agent", "bot", "--wait", "echo x > x.txt", capsys=capsys)
+    assert code == 0 and isinstance(run, dict)
+    cli(ws, "reject", run["id"], capsys=capsys)
+    (svc.state.run_dir(run["id"]) / "staging").mkdir(exist_ok=True)  # as if cleanup had been interrupted
+    assert svc.sweep() == {"containers": 0, "run_folders": 0, "staging_copies": 1}
+    assert client.containers.list(all=True, filters={"label": "airlockd.run=rorphan"}) == []  # `run` swept it
+    assert not stray.exists()

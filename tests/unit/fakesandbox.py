@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airlockd.pipeline import overlay
 from airlockd.sandbox.base import ContainerSpec, ExitInfo
 
 EFFECTIVE = {
@@ -40,7 +41,17 @@ class FakeSandbox:
 
     def run(self, spec: ContainerSpec, on_output: Callable[[bytes], None] | None = None) -> ExitInfo:
         self.seen.append(spec)
-        out = self.act(spec.workspace) or b""
+        ov = spec.workspace_overlay
+        if ov is None:
+            out = self.act(spec.workspace) or b""
+        else:  # what the engine does with the run's overlay volume, done here with the kernel
+            merged = ov.upper.parent.parent / "merged"
+            overlay.mount(ov.lower, ov.upper, ov.work, merged)
+            try:
+                out = self.act(merged) or b""
+            finally:
+                overlay.unmount(merged)
+                merged.rmdir()
         return ExitInfo("f" * 64, 0, False, self.timed_out, False, None, 0.1, len(out), out, dict(EFFECTIVE))
 
     def stop(self, run_id: str, grace_s: float) -> None:
@@ -54,6 +65,9 @@ class FakeSandbox:
 
     def ping(self) -> None:
         pass
+
+    def labelled_runs(self, workspace: str) -> list[str]:
+        return []
 
     def reap(self, run_id: str) -> int:
         return 0

@@ -1,0 +1,444 @@
+"""The model gateway: one Unix socket per run, forwarding only allowed requests to the upstream.
+
+Each run gets its own socket (in its state dir, mounted into that run's container only). A request
+passes when it carries the run's token (`Authorization: Bearer alrt_...` or `x-api-key`) and its
+"METHOD /path" is in the policy's allow-list; the token is then swapped for the real key, which is
+read from the environment or a file when the run's gate opens and kept in memory only. Responses
+stream through chunk by chunk (SSE is never buffered whole) while their `usage` is read; a run
+whose token budget runs out mid-stream has that stream cut and every later request refused.
+Everything refused gets a clear status (401, 403, 404, 405, 413, 429) and an audit event.
+
+It runs on its own asyncio loop in a background thread (`Gateway`), so it works the same in
+`airlockd run --wait` (the executing process) and in `airlockd serve` (the daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import h11
+import httpx
+
+from airlockd.errors import PolicyError
+from airlockd.gateway.tokens import PREFIX, RunTokens, TokenRefused
+from airlockd.gateway.usage import JsonUsage, SseUsage
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_REQUEST_BODY = 32 * 1024 * 1024
+READ_SIZE = 64 * 1024
+# Headers that describe one hop, or that the gateway sets itself: never copied across.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "x-api-key",
+        "accept-encoding",
+        "cookie",
+    }
+)
+_HOP_RESPONSE = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "set-cookie"}
+)
+
+UsageHook = Callable[[int], bool]  # tokens just measured -> True when the run's budget is spent
+RefusedHook = Callable[[str, dict[str, Any]], None]  # (reason, details): audit; called off the loop
+
+
+@dataclass(frozen=True)
+class Route:
+    """The policy's `[gateway]` for one run: where to, with which key, which requests."""
+
+    upstream: str
+    allowed: frozenset[tuple[str, str]]  # (METHOD, /path)
+    key: str = field(repr=False)
+
+    @classmethod
+    def from_policy(cls, gw: Any) -> Route:
+        """Read the real key named by the policy (env var, else file). Never writes it anywhere."""
+        key = ""
+        if gw.key_env:
+            key = os.environ.get(gw.key_env, "").strip()
+        if not key and gw.key_file:
+            try:
+                key = Path(gw.key_file).expanduser().read_text().strip()
+            except OSError as exc:
+                raise PolicyError(
+                    f"the gateway key file {gw.key_file} cannot be read: {exc.strerror}",
+                    hint="fix [gateway] key_file, or set the variable named by key_env",
+                ) from None
+        if not key:
+            raise PolicyError(
+                "the model gateway has no key: "
+                + (f"${gw.key_env} is not set" if gw.key_env else "no key_env or key_file in [gateway]"),
+                hint="export the key in the variable [gateway] key_env names, or point key_file at a 0600 file",
+            )
+        allowed = set()
+        for entry in gw.allowed:
+            method, _, path = entry.strip().partition(" ")
+            if not method or not path.startswith("/"):
+                raise PolicyError(
+                    f"[gateway] allowed entry {entry!r} is not 'METHOD /path'", hint='e.g. "POST /v1/responses"'
+                )
+            allowed.add((method.upper(), path.strip()))
+        return cls(gw.upstream.rstrip("/"), frozenset(allowed), key)
+
+
+@dataclass
+class RunGate:
+    """One run's socket and its accounting."""
+
+    run_id: str
+    agent: str
+    route: Route
+    socket_path: Path
+    on_usage: UsageHook
+    on_refused: RefusedHook
+    server: asyncio.AbstractServer | None = None
+    tokens: int = 0
+    requests: int = 0
+    cut: bool = False  # budget spent: streams closed, further requests refused
+    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+
+class Gateway:
+    """The gateway of one process: a loop thread, the run-token key, the upstream client and
+    one `RunGate` per live run. Methods other than the coroutines are called from any thread."""
+
+    def __init__(self, tokens: RunTokens | None = None) -> None:
+        self.tokens = tokens or RunTokens()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._gates: dict[str, RunGate] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle (any thread) ------------------------------------------------------------
+
+    def start(self) -> Gateway:
+        with self._lock:
+            if self._thread is not None:
+                return self
+            ready = threading.Event()
+            loop = asyncio.new_event_loop()
+
+            def main() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._loop = loop
+            self._thread = threading.Thread(target=main, name="airlockd-gateway", daemon=True)
+            self._thread.start()
+        ready.wait(10)
+        return self
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        assert self._loop is not None, "Gateway.start() first"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def open_run(
+        self,
+        run_id: str,
+        agent: str,
+        route: Route,
+        socket_path: Path,
+        *,
+        ttl_s: float,
+        on_usage: UsageHook,
+        on_refused: RefusedHook,
+    ) -> str:
+        """Serve `run_id` on `socket_path` (created 0666: the container's user connects) and
+        return the run's token. The socket's directory must exist."""
+        self.start()
+        gate = RunGate(run_id, agent, route, socket_path, on_usage, on_refused)
+        self._call(self._listen(gate))
+        with self._lock:
+            self._gates[run_id] = gate
+        return self.tokens.mint(run_id, agent, ttl_s)
+
+    def close_run(self, run_id: str) -> int:
+        """Revoke the run's token, close its socket and every open stream; the tokens it
+        measured. Idempotent."""
+        self.tokens.revoke(run_id)
+        with self._lock:
+            gate = self._gates.pop(run_id, None)
+        if gate is None:
+            return 0
+        if self._loop is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):
+                self._call(self._close(gate), timeout=10)
+        with contextlib.suppress(OSError):
+            gate.socket_path.unlink()
+        return gate.tokens
+
+    def revoke(self, run_id: str) -> None:
+        """The run's token stops working now (stop / kill asked); its socket stays until close."""
+        self.tokens.revoke(run_id)
+
+    def gate(self, run_id: str) -> RunGate | None:
+        with self._lock:
+            return self._gates.get(run_id)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            ids = list(self._gates)
+        for run_id in ids:
+            self.close_run(run_id)
+        if self._loop is None or self._thread is None:
+            return
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._call(self._client.aclose(), timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+        self._loop = self._thread = self._client = None
+
+    # -- on the loop -----------------------------------------------------------------------
+
+    async def _listen(self, gate: RunGate) -> None:
+        path = gate.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()  # a stale socket of this run id from an earlier process
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # bind through the directory's fd: a state dir can be deeper than sun_path's 108 bytes
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            sock.bind(f"/proc/self/fd/{dfd}/{path.name}")
+            os.chmod(path.name, 0o666, dir_fd=dfd, follow_symlinks=False)
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            os.close(dfd)
+        sock.listen(64)
+        sock.setblocking(False)
+        gate.server = await asyncio.start_unix_server(lambda r, w: self._serve(gate, r, w), sock=sock)
+
+    async def _close(self, gate: RunGate) -> None:
+        if gate.server is not None:
+            gate.server.close()
+        for w in list(gate.writers):
+            w.close()
+        gate.writers.clear()
+
+    def _upstream(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=15, read=600, write=60, pool=60), follow_redirects=False
+            )
+        return self._client
+
+    async def _serve(self, gate: RunGate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        gate.writers.add(writer)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        try:
+            while True:
+                req = await _next(conn, reader)
+                if not isinstance(req, h11.Request):
+                    return
+                body = bytearray()
+                too_big = False
+                while True:
+                    ev = await _next(conn, reader)
+                    if isinstance(ev, h11.Data):
+                        if len(body) + len(ev.data) > MAX_REQUEST_BODY:
+                            too_big = True
+                        else:
+                            body += ev.data
+                    elif isinstance(ev, h11.EndOfMessage):
+                        break
+                    else:
+                        return
+                await self._handle(gate, conn, writer, req, bytes(body), too_big)
+                if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                    conn.start_next_cycle()
+                else:
+                    return
+        except (h11.RemoteProtocolError, h11.LocalProtocolError, ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            gate.writers.discard(writer)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handle(
+        self,
+        gate: RunGate,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        req: h11.Request,
+        body: bytes,
+        too_big: bool,
+    ) -> None:
+        method = req.method.decode("ascii", "replace").upper()
+        target = req.target.decode("ascii", "replace")
+        path, _, _query = target.partition("?")
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in req.headers]
+        where = {"method": method, "path": path[:200]}
+        token = _bearer(headers)
+        try:
+            if token is None:
+                raise TokenRefused("no run token")
+            self.tokens.verify(token, run_id=gate.run_id)
+        except TokenRefused as exc:
+            return await self._refuse(gate, conn, writer, 401, f"run token refused: {exc.reason}", where)
+        if (method, path) not in gate.route.allowed:
+            if any(p == path for _, p in gate.route.allowed):
+                return await self._refuse(gate, conn, writer, 405, f"{method} is not allowed on {path}", where)
+            if _suspicious(path):
+                return await self._refuse(gate, conn, writer, 403, "path refused", where)
+            return await self._refuse(gate, conn, writer, 404, f"{path} is not in the gateway's allow-list", where)
+        if too_big:
+            return await self._refuse(gate, conn, writer, 413, "request body too large", where)
+        if gate.cut:
+            return await self._refuse(gate, conn, writer, 429, "the run's token budget is spent", where)
+        gate.requests += 1
+        await self._forward(gate, conn, writer, method, target, headers, body)
+
+    async def _forward(
+        self,
+        gate: RunGate,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> None:
+        out = [(k, v) for k, v in headers if k not in _HOP]
+        out.append(("authorization", f"Bearer {gate.route.key}"))
+        if any(k == "x-api-key" for k, _ in headers):
+            out.append(("x-api-key", gate.route.key))
+        out.append(("accept-encoding", "identity"))  # usage is read from the bytes as they pass
+        client = self._upstream()
+        request = client.build_request(method, gate.route.upstream + target, headers=out, content=body)
+        try:
+            resp = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("gateway: upstream unreachable for run %s: %s", gate.run_id, type(exc).__name__)
+            return await _respond(conn, writer, 502, {"error": {"message": "the model upstream is unreachable"}})
+        try:
+            rheaders = [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in _HOP_RESPONSE]
+            await _send(conn, writer, h11.Response(status_code=resp.status_code, headers=_h11_headers(rheaders)))
+            ctype = resp.headers.get("content-type", "")
+            meter: SseUsage | JsonUsage = SseUsage() if "text/event-stream" in ctype else JsonUsage()
+            async for chunk in resp.aiter_raw():
+                if self._measure(gate, meter.feed(chunk)):
+                    log.warning("gateway: run %s spent its token budget mid-stream; cutting it off", gate.run_id)
+                    writer.close()  # the client sees the stream end without its last event
+                    return
+                await _send(conn, writer, h11.Data(data=chunk))
+            if isinstance(meter, JsonUsage) and self._measure(gate, meter.finish()):
+                writer.close()
+                return
+            await _send(conn, writer, h11.EndOfMessage())
+        except httpx.HTTPError as exc:
+            log.warning("gateway: upstream stream of run %s broke: %s", gate.run_id, type(exc).__name__)
+            writer.close()
+        finally:
+            await resp.aclose()
+
+    def _measure(self, gate: RunGate, tokens: int) -> bool:
+        """Count measured tokens; True when the run's budget is now spent (cut it off)."""
+        if tokens <= 0:
+            return gate.cut
+        gate.tokens += tokens
+        try:
+            spent = gate.on_usage(tokens)
+        except Exception:  # accounting must not break the stream; it is logged
+            log.exception("gateway: usage hook of run %s failed", gate.run_id)
+            spent = False
+        if spent:
+            gate.cut = True
+        return gate.cut
+
+    async def _refuse(
+        self,
+        gate: RunGate,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        status: int,
+        reason: str,
+        where: dict[str, Any],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, _quietly, gate.on_refused, reason, {**where, "status": status})
+        await _respond(conn, writer, status, {"error": {"message": reason, "type": "airlock_gateway", "code": status}})
+
+
+def _quietly(fn: RefusedHook, reason: str, data: dict[str, Any]) -> None:
+    try:
+        fn(reason, data)
+    except Exception:
+        log.exception("gateway: recording a refusal failed")
+
+
+def _bearer(headers: list[tuple[str, str]]) -> str | None:
+    for k, v in headers:
+        if k == "authorization" and v[:7].lower() == "bearer ":
+            return v[7:].strip()
+    for k, v in headers:
+        if k == "x-api-key" and v.strip().startswith(PREFIX):
+            return v.strip()
+    return None
+
+
+def _suspicious(path: str) -> bool:
+    return ".." in path or "%" in path or "//" in path or "\\" in path
+
+
+def _h11_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1", "replace")) for k, v in headers]
+
+
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+    while True:
+        ev = conn.next_event()
+        if ev is h11.NEED_DATA:
+            data = await reader.read(READ_SIZE)
+            conn.receive_data(data)  # b"" marks the end of the peer's data
+            continue
+        if ev is h11.PAUSED:
+            return None
+        return ev
+
+
+async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: Any) -> None:
+    data = conn.send(event)
+    if data:
+        writer.write(data)
+        await writer.drain()
+
+
+async def _respond(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, doc: dict[str, Any]) -> None:
+    body = json.dumps(doc).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    await _send(conn, writer, h11.Response(status_code=status, headers=_h11_headers(headers)))
+    await _send(conn, writer, h11.Data(data=body))
+    await _send(conn, writer, h11.EndOfMessage())

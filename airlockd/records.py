@@ -138,6 +138,7 @@ class RunRecord(_Record):
     staged_bytes: int = 0
     growth_bytes: int = 0
     growth_capped: bool = False
+    stager: str = "copy"  # "overlay" (mirror + per-run upper layer) or "copy" (full copy); see docs/staging.md
     peak: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
     stopped_by: str | None = None

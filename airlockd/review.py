@@ -19,6 +19,7 @@ from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
+from airlockd.pipeline.stagers import proposed_path
 from airlockd.policy import Decision
 from airlockd.records import Applied, FileReview, FileState, RunRecord, RunState
 
@@ -113,12 +114,12 @@ class Review:
     def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[list[FileOp]]:
         """The transactions that land `files`: one, or two when a path changes type (the old
         node must be gone before the new one, or anything below it, can be created)."""
-        staging = self.svc.state.run_dir(rec.id) / "staging"
+        run_dir = self.svc.state.run_dir(rec.id)
         first: list[FileOp] = []
         ops: list[FileOp] = []
         for f in files:
             before, new = _entry(f.partial) or _entry(f.before), _entry(f.after)
-            src = staging / f.path if new and new.kind is Kind.FILE else None
+            src = proposed_path(run_dir, f.path) if new and new.kind is Kind.FILE else None
             if f.change == "type_changed":
                 first.append(FileOp(f.path, before, None))
                 before = None
@@ -493,7 +494,7 @@ class Review:
         new = None
         after = _entry(f.after)
         if after is not None and after.kind is Kind.FILE:
-            src = run_dir / "staging" / f.path
+            src = proposed_path(run_dir, f.path)  # the upper layer or the copy
             new = src.read_bytes() if os.path.lexists(src) else None
         return old, new
 

@@ -53,3 +53,40 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fixtures with a wider scope (LSP workspaces) may leave capped staging mounts: drop them."""
     base = str(session.config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
     _unmount_below(Path(base))
+
+
+# -- stagers: the suites that stage run once per stager (AIRLOCK_STAGER=overlay|copy runs one) --
+
+_STAGED_MODULES = {
+    "test_staging",
+    "test_audit_export",
+    "test_classifier",
+    "test_classify",
+    "test_evidence",
+    "test_pipeline",
+    "test_redaction",
+    "test_limits",
+    "test_containment",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "stager" in metafunc.fixturenames and metafunc.module.__name__.rpartition(".")[2] in _STAGED_MODULES:
+        forced = os.environ.get("AIRLOCK_STAGER")
+        metafunc.parametrize("stager", [forced] if forced else ["overlay", "copy"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def stager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _state_dir: Path) -> str | None:
+    """The stager a parametrised test forces through AIRLOCK_STAGER (None where not parametrised);
+    overlay is skipped, saying why, where this machine cannot do it."""
+    name: str | None = getattr(request, "param", None)
+    if name is None:
+        return None
+    if name == "overlay":
+        from airlockd.pipeline import overlay
+
+        if why := overlay.unavailable(_state_dir):
+            pytest.skip(f"overlay staging unavailable: {why}")
+    monkeypatch.setenv("AIRLOCK_STAGER", name)
+    return name

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airlockd.pipeline import staging
+from airlockd.pipeline import stagers, staging
 from airlockd.pipeline.manifest import ChangeKind, Kind, scan
 from airlockd.pipeline.staging import SecretScanner, StagingError, inspect, link_escapes, scan_tree, stage
 from airlockd.policy import Level, Policy, load_policy
@@ -32,6 +32,18 @@ SAMPLES = {
     "google-api-key": "AIza" + "S" * 35 + "\n",
     "stripe-key": "sk_" + "live_" + "4" * 24 + "\n",
 }
+
+
+@pytest.fixture(autouse=True)
+def _stager_under_test(stager: str | None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Under the overlay stager, `stage` refreshes a mirror and mounts it with a fresh upper layer
+    at the destination, and `inspect` reads the upper layer only: the same tests, the other way."""
+    if stager == "overlay":
+        monkeypatch.setitem(globals(), "stage", stagers.stage_merged)
+        monkeypatch.setitem(globals(), "inspect", stagers.inspect_merged)
+    yield
+    for dest in list(stagers._MOUNTED):
+        stagers.unmount_merged(Path(dest))
 
 
 @pytest.fixture

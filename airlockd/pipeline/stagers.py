@@ -1,0 +1,191 @@
+"""Which stager a run uses, where its proposed content lives, and the overlay stager's layout.
+
+Two stagers give a run its private `/workspace`:
+
+- "overlay" (preferred): the workspace's mirror (pipeline/mirror.py) as a read-only lower layer,
+  a per-run upper layer and work directory on the run's capped tmpfs (`run_dir/staging`, so the
+  growth cap caps exactly what the agent writes), mounted by the engine as a named volume;
+- "copy" (the fallback): a full copy into `run_dir/staging` (pipeline/staging.py).
+
+`choose()` picks one per run: AIRLOCK_STAGER=overlay|copy forces it (a forced overlay that cannot
+work is an error, never a silent copy); otherwise overlay whenever `overlay.unavailable()` finds
+nothing against it. `proposed_path()` is the one accessor for "the file the agent proposes" that
+both stagers answer: the upper layer for overlay (copy-up is complete), the copy otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from airlockd.pipeline import overlay
+from airlockd.pipeline.manifest import ChangeSet, Manifest
+from airlockd.pipeline.mirror import Mirror, MirrorView
+from airlockd.pipeline.staging import StageResult, StagingError, inspect
+from airlockd.policy import Level, Policy
+from airlockd.redact import Redactor
+
+OVERLAY = "overlay"
+COPY = "copy"
+ENV = "AIRLOCK_STAGER"
+_META = "stager.json"
+
+
+def choose(state_root: Path) -> tuple[str, str]:
+    """(stager, why) for the next run with state under `state_root`."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced not in ("", OVERLAY, COPY):
+        raise StagingError(f"{ENV}={forced!r} is not a stager", hint=f"use {ENV}=overlay or {ENV}=copy, or unset it")
+    if forced == COPY:
+        return COPY, f"forced by {ENV}=copy"
+    why = overlay.unavailable(state_root)
+    if forced == OVERLAY:
+        if why:
+            raise StagingError(f"{ENV}=overlay, but overlay staging is unavailable: {why}")
+        return OVERLAY, f"forced by {ENV}=overlay"
+    if why:
+        return COPY, f"overlay unavailable: {why}"
+    return OVERLAY, "root, kernel overlay with complete copy-up, capped tmpfs for the upper layer"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one overlay run's layers are (all on the run's capped tmpfs but `lower`)."""
+
+    lower: Path
+    upper: Path
+    work: Path
+
+    @property
+    def options(self) -> str:
+        return overlay.options(self.lower, self.upper, self.work)
+
+
+def layout(staging: Path, lower: Path) -> Layout:
+    return Layout(lower, staging / "upper", staging / "work")
+
+
+def prepare(lay: Layout, owner: tuple[int, int] | None) -> None:
+    """Create the upper and work directories; the upper root gives the merged root its owner and
+    mode (the lower root's)."""
+    lay.upper.mkdir(mode=0o700)
+    lay.work.mkdir(mode=0o700)
+    st = os.lstat(lay.lower)
+    if owner is not None:
+        os.chown(lay.upper, *owner)
+    os.chmod(lay.upper, stat.S_IMODE(st.st_mode))
+
+
+def hide(lay: Layout, rel: str) -> None:
+    """Make `rel` absent from the merged view before the agent starts: a whiteout in the upper
+    layer, its parents copied up as they are in the lower (mode and owner)."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        sub = "/".join(parts[:i])
+        up = lay.upper / sub
+        if not up.exists():
+            st = os.lstat(lay.lower / sub)
+            up.mkdir(mode=0o700)
+            os.chown(up, st.st_uid, st.st_gid)
+            os.chmod(up, stat.S_IMODE(st.st_mode))
+    os.mknod(lay.upper / rel, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+
+
+def write_meta(run_dir: Path, stager: str, why: str, view: MirrorView | None = None) -> None:
+    meta: dict[str, object] = {"stager": stager, "why": why}
+    if view is not None:
+        meta.update(lower=str(view.tree), generation=view.generation, mirror=str(view.tree.parent))
+    (run_dir / _META).write_text(json.dumps(meta))
+
+
+def meta(run_dir: Path) -> dict[str, object]:
+    try:
+        out = json.loads((run_dir / _META).read_text())
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def stager_of(run_dir: Path) -> str:
+    return str(meta(run_dir).get("stager", COPY))
+
+
+def staged_root(run_dir: Path) -> Path:
+    """The directory that holds what the agent wrote: the upper layer, or the full copy."""
+    staging = run_dir / "staging"
+    return staging / "upper" if stager_of(run_dir) == OVERLAY else staging
+
+
+def proposed_path(run_dir: Path, rel: str) -> Path:
+    """Where the proposed content of `rel` (a created or modified file) is, for either stager."""
+    return staged_root(run_dir) / rel
+
+
+def inspect_run(run_dir: Path, base: Manifest) -> ChangeSet:
+    """The run's change set: from the upper layer (overlay) or a full rescan (copy)."""
+    if stager_of(run_dir) == OVERLAY:
+        return overlay.inspect_upper(run_dir / "staging" / "upper", base)
+    return inspect(run_dir / "staging", base)
+
+
+def release(run_dir: Path, is_live: Callable[[str], bool] = lambda r: True) -> None:
+    """The run's overlay is gone: drop its reference to the mirror generation (idempotent)."""
+    m = meta(run_dir)
+    if m.get("stager") == OVERLAY and m.get("mirror"):
+        Mirror(Path(str(m["mirror"]))).release(run_dir.name, is_live)
+
+
+# -- the overlay stager behind the copy stager's interface (tests, benchmarks) --------------------
+
+_MOUNTED: dict[str, Path] = {}  # merged mount point -> its upper layer
+
+
+def stage_merged(
+    workspace: Path,
+    dest: Path,
+    policy: Policy,
+    clearance: Level,
+    *,
+    owner: tuple[int, int] | None = None,
+    redactor: Redactor | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    mirror_root: Path | None = None,
+) -> StageResult:
+    """`staging.stage` done the overlay way: refresh a mirror (beside `dest` unless given), and
+    mount mirror + a fresh upper layer (on a tmpfs) at `dest` with the kernel. `inspect_merged`
+    then inspects from the upper layer. Needs root."""
+    from airlockd.sandbox import capfs
+
+    ws = os.path.realpath(workspace)
+    if os.path.commonpath([ws, os.path.realpath(dest)]) == ws:
+        raise StagingError(f"staging destination {dest} is inside the workspace {workspace}")
+    if dest.exists() and (not dest.is_dir() or dest.is_symlink() or any(dest.iterdir())):
+        raise StagingError(f"staging destination {dest} exists and is not an empty directory")
+    mirror = Mirror(mirror_root or dest.parent / f".{dest.name}.mirror")
+    view = mirror.refresh(workspace, policy, clearance, owner=owner, redactor=redactor, progress=progress)
+    layers = dest.parent / f".{dest.name}.layers"
+    capfs.mount(layers)
+    lay = layout(layers, view.tree)
+    prepare(lay, owner)
+    overlay.mount(lay.lower, lay.upper, lay.work, dest)
+    _MOUNTED[str(dest)] = lay.upper
+    return view.result
+
+
+def inspect_merged(dest: Path, base: Manifest) -> ChangeSet:
+    """Inspect a tree `stage_merged` mounted (from its upper layer); a plain copy otherwise."""
+    upper = _MOUNTED.get(str(dest))
+    return overlay.inspect_upper(upper, base) if upper is not None else inspect(dest, base)
+
+
+def unmount_merged(dest: Path) -> None:
+    from airlockd.sandbox import capfs
+
+    upper = _MOUNTED.pop(str(dest), None)
+    overlay.unmount(dest)
+    if upper is not None:
+        capfs.unmount(upper.parent)

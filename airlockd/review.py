@@ -87,6 +87,12 @@ class Review:
             for f in hits:
                 if f.state is FileState.DENIED and f.path == p:
                     raise StateError(f"{display(f.path)} is denied by {f.rule} ({f.reason}); it cannot be approved")
+                if f.state is FileState.CONFLICTED and f.path == p:
+                    raise ConflictError(
+                        f"nothing was written: {display(f.path)} changed in the workspace since the run was staged",
+                        paths=[f.path],
+                        hint="reject it, or start a new run on the current files",
+                    )
                 if f.state is FileState.PENDING:
                     chosen[f.path] = f
         return list(chosen.values())

@@ -67,6 +67,7 @@ _STAGED_MODULES = {
     "test_redaction",
     "test_limits",
     "test_containment",
+    "test_staging_engine",
 }
 
 

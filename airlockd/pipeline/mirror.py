@@ -112,7 +112,7 @@ class _MirrorStager(_Stager):
         super().__init__(*args)
         self.old = cache
         self.new: dict[str, Cached] = {}
-        self.stamp = stamp
+        self.stamp = stamp  # when `cache` was built: entries not older than this are racy
         self.stats = RefreshStats()
         self.tmp = -1  # directory fd for temporary names, beside the generations (same filesystem)
 
@@ -447,9 +447,10 @@ class Mirror:
                 gen = max(self.generations(), default=0) + 1
                 cache: dict[str, Cached] = {}
                 others: set[str] = set()
+                built = 0
                 shutil.rmtree(self.tree(gen), ignore_errors=True)
             else:
-                cache, others, _ = loaded
+                cache, others, built = loaded
                 gen = cur
                 if self._live_refs(cur, is_live):
                     gen = max(self.generations()) + 1
@@ -457,7 +458,7 @@ class Mirror:
                     cloned = True
             marker.write_bytes(str(gen).encode())
             stamp = self._stamp()
-            stager = _MirrorStager(policy, clearance, owner, redactor, progress, cache=cache, stamp=stamp)
+            stager = _MirrorStager(policy, clearance, owner, redactor, progress, cache=cache, stamp=built)
             self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
             (self.root / "current").write_text(str(gen))
             atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, stamp))

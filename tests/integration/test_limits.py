@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from airlockd.pipeline.stagers import proposed_path
 from airlockd.service import Service
 
 pytestmark = pytest.mark.docker
@@ -97,5 +98,5 @@ def test_prompt_with_a_secret(tmp_path: Path, mode: str) -> None:
     rec = svc.submit("bot", f"echo 'deploy with {key}' > said.txt")
     assert rec.prompt_redactions == ["aws-access-key"] and key not in rec.prompt
     rec = svc.execute(rec.id)
-    said = svc.state.run_dir(rec.id) / "staging" / "said.txt"
+    said = proposed_path(svc.state.run_dir(rec.id), "said.txt")  # the upper layer or the copy
     assert said.read_text() == "deploy with [REDACTED]\n"  # the agent never saw the key

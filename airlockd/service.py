@@ -20,11 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd.agents.command import invocation
+from airlockd import screening
+from airlockd.agents import sessions as agent_sessions
+from airlockd.agents import wiring as agent_wiring
 from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence import live_tree
+from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline import admission, stagers
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import recover
@@ -130,7 +133,14 @@ class Service:
     def image_for(self, agent: str) -> str:
         from airlockd.sandbox.image import image_tag
 
-        return self.policy.agent(agent).image or image_tag()
+        cfg = self.policy.agent(agent)
+        if cfg.image:
+            return str(cfg.image)
+        if cfg.adapter == "codex":  # the runtime image with the Codex binary (`runtime build --with-codex`)
+            from airlockd.sandbox.image import codex_image_tag
+
+            return codex_image_tag()
+        return image_tag()
 
     # -- state machine ------------------------------------------------------------------------
 
@@ -147,6 +157,7 @@ class Service:
                 setattr(r, k, v)
 
         rec = self.store.update_run(rec.id, change)
+        agent_sessions.settle(self, rec, dst)  # the agent's conversation follows the run's fate
         self.audit.append(
             f"run.{dst.value}",
             run=rec.id,
@@ -206,11 +217,11 @@ class Service:
             if prev.agent != agent:
                 raise StateError(f"run {prev.id} belongs to agent {prev.agent!r}, not {agent!r}")
             follow_up = prev.id
-        screening = admission.screen_prompt(prompt)
+        screened = admission.screen_prompt(prompt)
         # withheld values are masked before anything is stored, and a prompt quoting one is refused
         learn_withheld(self.workspace, self.policy, self.policy.clearance_for(agent), self.redactor)
         if self.redactor.known_in(prompt):
-            screening.secrets.append("withheld-value")
+            screened.secrets.append("withheld-value")
         self.redactor.learn(prompt)  # a bare copy of a secret it holds is masked from here on
         run_id = "r" + time.strftime("%y%m%d") + secrets.token_hex(3)
         rec = RunRecord(
@@ -222,14 +233,14 @@ class Service:
             prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
             policy_revision=self.loaded.revision,
             follow_up=follow_up,
-            injection_markers=screening.injection_markers,
+            injection_markers=screened.injection_markers,
         )
         reason = None
-        if screening.secrets and cfg.admission.prompt_secrets == "reject":
-            reason = f"the prompt contains a secret ({', '.join(screening.secrets)}); remove it and ask again"
-        elif screening.secrets:  # policy says redact: the agent gets the prompt with the secret masked
+        if screened.secrets and cfg.admission.prompt_secrets == "reject":
+            reason = f"the prompt contains a secret ({', '.join(screened.secrets)}); remove it and ask again"
+        elif screened.secrets:  # policy says redact: the agent gets the prompt with the secret masked
             prompt = self.redactor.text(prompt)
-            rec.prompt_redactions = list(screening.secrets)
+            rec.prompt_redactions = list(screened.secrets)
         with self.store.tx() as db:
             if reason is None:
                 live = [r for r in db.table("runs").all() if r["agent"] == agent and RunState(r["state"]).live]
@@ -249,7 +260,7 @@ class Service:
             reason=reason,
             prompt_bytes=len(prompt.encode()),
             prompt_sha256=rec.prompt_sha256,
-            injection_markers=screening.injection_markers,
+            injection_markers=screened.injection_markers,
             prompt_redactions=rec.prompt_redactions,
         )
         self.emit("agentStatus", self.agent_status(agent))
@@ -366,11 +377,11 @@ class Service:
             stagers.prepare(lay, owner)
             stagers.write_meta(self.state.run_dir(rec.id), stager, why, view)
             mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
-            self._classify_labels(rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
+            screening.classify_labels(self, rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
         else:
             result = stage(self.workspace, staging, self.policy, clearance, owner=owner, redactor=self.redactor)
             stagers.write_meta(self.state.run_dir(rec.id), stager, why)
-            self._classify_labels(rec, staging, result)
+            screening.classify_labels(self, rec, staging, result)
         if capped:  # the agent may add `growth` bytes to what was staged, and not one more
             capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
         save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
@@ -405,7 +416,7 @@ class Service:
     def _contain(self, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
         cfg = self.policy.agent(rec.agent)
         run_dir = self.state.run_dir(rec.id)
-        inv = invocation(cfg, prompt, run_dir)
+        inv = agent_wiring.prepare(self, rec, cfg, prompt)  # opens the run's model gateway if it has one
         uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
         user = f"{uid}:{gid}"
         spec = ContainerSpec(
@@ -416,6 +427,7 @@ class Service:
             limits=cfg.limits,
             stdin_file=inv.stdin_file,
             env=inv.env,
+            mounts=inv.mounts,
             user=user,
             labels={"airlockd.workspace": str(self.workspace), "airlockd.agent": rec.agent},
             workspace_overlay=self._overlay_volume(run_dir),
@@ -432,7 +444,10 @@ class Service:
             user=spec.user,
             limits=spec.limits.model_dump(),
         )
-        return self._watch(rec, lambda on_output: self.sandbox.run(spec, on_output))
+        try:
+            return self._watch(rec, lambda on_output: self.sandbox.run(spec, on_output))
+        finally:
+            agent_wiring.finish(self, rec)  # the run's token stops working with its container
 
     def _watch(self, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:
         """Run or re-attach to the container with live sampling, then record what it did."""
@@ -448,7 +463,9 @@ class Service:
             staged_bytes=rec.staged_bytes,
             tokens_left=max(0, budget - usage.tokens_used) if budget else None,
             publish=lambda sample: self._publish_sample(rec.id, sample),
+            tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
         ).start()
+        gateway_runs.attach(rec.id, monitor)
         try:
             found = start(monitor.on_output)
         finally:
@@ -496,7 +513,8 @@ class Service:
 
         def keep(r: RunRecord) -> None:
             r.peak = dict(monitor.peak)
-            r.tokens, r.tokens_source = monitor.tokens, "agent adapter report"
+            r.tokens = monitor.tokens
+            r.tokens_source = "gateway" if monitor.tokens_from == "gateway" else "agent adapter report"
             r.growth_bytes = monitor.growth_bytes
 
         self.store.update_run(rec.id, keep)
@@ -579,7 +597,7 @@ class Service:
                 decision=c.decision.value,
                 rule=c.rule,
             )
-        files = self._screen_changes(rec, files)
+        files = screening.screen_changes(self, rec, files)
         self.review.keep_base_blobs(rec.id, files)
         for f in files:
             if f.state is FileState.CONFLICTED:
@@ -656,110 +674,6 @@ class Service:
         lay = stagers.layout(run_dir / "staging", Path(str(meta["lower"])))
         return OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)
 
-    def _classifier(self) -> Any:
-        cfg = self.policy.classifier
-        if not cfg.enabled:
-            return None
-        from airlockd.classifier import Classifier
-
-        return Classifier(cfg)
-
-    def _classify_labels(
-        self, rec: RunRecord, staging: Path, result: Any, hide: Callable[[str], None] | None = None
-    ) -> None:
-        """Model-assisted labels (raise only): a staged file the model rates above the agent's
-        clearance is removed from the staging copy before the agent starts, and withheld."""
-        clf = self._classifier()
-        if clf is None or not clf.cfg.labels:
-            return
-        from airlockd.pipeline.manifest import Kind
-        from airlockd.pipeline.staging import Withheld
-        from airlockd.policy import Level
-
-        clearance = self.policy.clearance_for(rec.agent)
-        asked = 0
-        for path, entry in sorted(result.base.items()):
-            if entry.kind is not Kind.FILE or asked >= clf.cfg.max_files:
-                continue
-            try:
-                data = (staging / path).read_bytes()[: clf.cfg.max_bytes]
-            except OSError:
-                continue
-            if b"\0" in data[:8192]:
-                continue
-            asked += 1
-            v = clf.label(path, data, self.policy.label_of(path))
-            if v.to is None:
-                self._classifier_failed(rec, path, v.error)
-                continue
-            withhold = Level(v.to).rank > clearance.rank
-            raised = {
-                "what": "label",
-                "path": path,
-                "from": v.frm,
-                "to": v.to,
-                "reason": self.redactor.text(v.reason),
-                "withheld": withhold,
-                "source": clf.source,
-            }
-            if withhold:  # absent, not hidden: gone from the copy before the agent starts
-                self.redactor.add_file_values(data.decode("utf-8", "replace"))
-                hide(path) if hide is not None else (staging / path).unlink()
-                del result.base[path]
-                result.withheld.append(Withheld(path, f"classifier:label={v.to}"))
-            self._classifier_raised(rec, raised)
-
-    def _classifier_failed(self, rec: RunRecord, path: str, error: str | None) -> None:
-        if error:
-            self.audit.append(
-                "classifier.failed", run=rec.id, agent=rec.agent, policy=rec.policy_revision, path=path, error=error
-            )
-
-    def _classifier_raised(self, rec: RunRecord, raised: dict[str, Any]) -> None:
-        self.store.update_run(rec.id, lambda r: r.classifier.append(raised))
-        self.audit.append("classifier.raised", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **raised)
-
-    def _screen_changes(self, rec: RunRecord, files: list[FileReview]) -> list[FileReview]:
-        """Changes after the deterministic rules: a name holding a secret is denied (and masked:
-        the store never holds it); the model classifier may then raise, never lower, a decision."""
-        for f in files:
-            masked = self.redactor.text(f.path)
-            if masked != f.path:
-                f.path, f.decision, f.state = masked, Decision.DENY, FileState.DENIED
-                f.rule, f.reason = "invariant:secret-in-name", "the path holds a secret"
-        clf = self._classifier()
-        if clf is None or not clf.cfg.decisions:
-            return files
-        run_dir = self.state.run_dir(rec.id)
-        for f in files:
-            if f.decision is Decision.DENY:
-                continue
-            data = None
-            if f.after and f.after.get("kind") == "file":
-                try:
-                    data = stagers.proposed_path(run_dir, f.path).read_bytes()[: clf.cfg.max_bytes]
-                except OSError:
-                    data = None
-            v = clf.decision(f.path, f.change, data, f.decision)
-            if v.to is None or Decision(v.to).rank <= f.decision.rank:  # the rule of rules: never lower
-                self._classifier_failed(rec, f.path, v.error)
-                continue
-            new = Decision(v.to)
-            raised = {
-                "what": "decision",
-                "path": f.path,
-                "from": f.decision.value,
-                "to": new.value,
-                "reason": self.redactor.text(v.reason),
-                "rule": f.rule,
-                "source": clf.source,
-            }
-            f.decision, f.rule, f.reason = new, clf.source, raised["reason"] or f"raised by {clf.source}"
-            if new is Decision.DENY:
-                f.state = FileState.DENIED
-            self._classifier_raised(rec, raised)
-        return files
-
     # -- stop / kill --------------------------------------------------------------------------
 
     def stop(self, run_id: str, *, kill: bool = False) -> RunRecord:
@@ -771,6 +685,7 @@ class Service:
             r.stopped_by, r.stop_kind = self.actor, "kill" if kill else "stop"
 
         self.store.update_run(rec.id, mark)
+        gateway_runs.revoke(rec.id)  # its model token stops working now (if this process serves it)
         self.audit.append(
             "run.kill_requested" if kill else "run.stop_requested",
             run=rec.id,

@@ -88,9 +88,30 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def staging() -> str:
-        return "full copy per run (overlay staging is not implemented yet)"
+        from airlockd.pipeline import stagers
+        from airlockd.state import StateDir
 
-    checks.append(_check("stager", staging, ""))
+        root = StateDir.for_workspace(workspace).ensure().root
+        name, why = stagers.choose(root)
+        if name == stagers.OVERLAY and client is not None:
+            from airlockd.sandbox.image import image_tag
+
+            if refused := stagers.engine_refuses(client, root, image_tag()):
+                return f"copy (full copy per run): the engine refused an overlay volume: {refused}"
+        if name == stagers.OVERLAY:
+            return f"overlay (mirror + per-run upper layer): {why}"
+        return f"copy (full copy per run): {why}"
+
+    checks.append(_check("stager", staging, "unset AIRLOCK_STAGER, or run airlockd as root on a kernel with overlayfs"))
+
+    def growth_cap() -> str:
+        from airlockd.sandbox import capfs
+
+        if why := capfs.available():
+            raise RuntimeError(f"workspace growth is not capped: {why}")
+        return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
+
+    checks.append(_check("workspace growth cap", growth_cap, "run airlockd as root so it can mount capped filesystems"))
 
     def user() -> str:
         return (

@@ -189,3 +189,43 @@ def unmount_merged(dest: Path) -> None:
     overlay.unmount(dest)
     if upper is not None:
         capfs.unmount(upper.parent)
+
+
+def engine_refuses(client: object, state_root: Path, image: str) -> str | None:
+    """Run a container on a tiny overlay volume, as a run would; None when the engine mounts it,
+    else its refusal. For `airlockd doctor` (it costs a container start)."""
+    import shutil
+    import uuid
+
+    from airlockd.sandbox import capfs, volumes
+    from airlockd.sandbox.base import OverlayVolume
+
+    probe = state_root / f".engine-probe-{uuid.uuid4().hex[:8]}"
+    lower, layers = probe / "lower", probe / "layers"
+    lower.mkdir(parents=True)
+    (lower / "probe").write_text("lower\n")
+    run_id = "doctor-" + probe.name[-8:]
+    try:
+        capfs.mount(layers, 1 << 20)
+        lay = layout(layers, lower)
+        prepare(lay, (1000, 1000))
+        volumes.create(client, run_id, OverlayVolume(lay.lower, lay.upper, lay.work, lay.options))
+        try:
+            client.containers.run(  # type: ignore[attr-defined]
+                image,
+                ["sh", "-c", "cat /w/probe >/dev/null && echo upper > /w/written"],
+                volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
+                network_mode="none",
+                user="1000:1000",
+                remove=True,
+            )
+        finally:
+            volumes.remove(client, run_id)
+        if not (lay.upper / "written").exists():
+            return "the container's write did not reach the upper layer"
+        return None
+    except Exception as exc:  # the engine's words are the report
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    finally:
+        capfs.unmount(layers)
+        shutil.rmtree(probe, ignore_errors=True)

@@ -270,6 +270,11 @@ def cmd_runtime(args: argparse.Namespace) -> Any:
             hint="run scripts/ensure-docker.sh (or start dockerd)",
         ) from None
     tag = ensure_image(client, force=args.force, progress=lambda m: print(m, file=sys.stderr))
+    if getattr(args, "with_codex", False):  # the same image plus the Codex CLI binary, its own tag
+        from airlockd.sandbox.image import ensure_codex_image
+
+        codex = ensure_codex_image(client, force=args.force, progress=lambda m: print(m, file=sys.stderr))
+        return {"image": tag, "codex_image": codex} if args.json else print(f"{tag}\n{codex}")
     return {"image": tag} if args.json else print(tag)
 
 
@@ -365,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("runtime", cmd_runtime, "the agent runtime image")
     sp.add_argument("action", choices=["build"])
     sp.add_argument("--force", action="store_true", help="rebuild even when the image exists")
+    sp.add_argument(
+        "--with-codex", action="store_true", help="also build the image with the Codex CLI (npm @openai/codex)"
+    )
     add("doctor", cmd_doctor, "check the engine, image, policy and state directory")
     sp = add("demo", cmd_demo, "a sample workspace and a scripted agent, end to end")
     sp.add_argument("--dir", dest="demo_dir", help="where to create the sample workspace")

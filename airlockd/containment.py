@@ -3,8 +3,9 @@ counting, the token budget enforced mid-flight, and the facts a limit violation 
 
 Sampling runs on its own thread, at most once a second; every figure comes from the engine's or
 the kernel's own accounting (docker stats, cgroup OOM flag, byte counts, statvfs), never from the
-agent's word — except tokens, which the agent adapter reports until the model gateway measures
-them.
+agent's word — except tokens when the run has no model gateway: then the agent adapter's usage
+reports are all there is. With the gateway, tokens are what it measured on the upstream's responses
+(`add_tokens`), and the agent's own reports are ignored (never counted twice).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class RunMonitor:
         staged_bytes: int,
         tokens_left: int | None,
         publish: Callable[[dict[str, Any]], None],
+        tokens_from: str = "agent",  # "gateway": only the gateway's measured usage counts
     ) -> None:
         self.sandbox = sandbox
         self.run_id = run_id
@@ -67,6 +69,7 @@ class RunMonitor:
         self.staged_bytes = staged_bytes
         self.tokens_left = tokens_left
         self.publish = publish
+        self.tokens_from = tokens_from
         self.started = time.monotonic()
         self.peak: dict[str, float] = {"cpu_pct": 0.0, "mem_bytes": 0.0, "mem_max_bytes": 0.0, "pids": 0.0}
         self.output_bytes = 0
@@ -87,7 +90,7 @@ class RunMonitor:
             *lines, self._partial = data.split(b"\n")
             if len(self._partial) > MAX_LINE:
                 self._partial = b""
-            for line in lines:
+            for line in lines if self.tokens_from != "gateway" else ():
                 self.tokens += tokens_in(line)
             over = self.tokens_left is not None and self.tokens >= self.tokens_left and not self.token_hit
             if over:
@@ -95,6 +98,20 @@ class RunMonitor:
         if over:
             log.warning("run %s spent its token budget; stopping it", self.run_id)
             threading.Thread(target=self._stop_for_tokens, daemon=True).start()
+
+    def add_tokens(self, tokens: int) -> bool:
+        """Tokens the model gateway measured; True when the budget is spent (the gateway then
+        cuts the stream, and the run is stopped)."""
+        with self._lock:
+            self.tokens += tokens
+            spent = self.tokens_left is not None and self.tokens >= self.tokens_left
+            first = spent and not self.token_hit
+            if first:
+                self.token_hit = True
+        if first:
+            log.warning("run %s spent its token budget at the gateway; stopping it", self.run_id)
+            threading.Thread(target=self._stop_for_tokens, daemon=True).start()
+        return spent
 
     def _stop_for_tokens(self) -> None:
         try:
@@ -148,7 +165,12 @@ class RunMonitor:
         lim = self.limits
         if self.token_hit and self.tokens_left is not None:
             return LimitHit(
-                limit="tokens", measured=self.tokens, allowed=self.tokens_left, source="agent adapter's usage report"
+                limit="tokens",
+                measured=self.tokens,
+                allowed=self.tokens_left,
+                source="model gateway's measured usage"
+                if self.tokens_from == "gateway"
+                else "agent adapter's usage report",
             )
         if info.oom_killed:
             cap = lim.memory_mb * 2**20

@@ -15,6 +15,8 @@ class Invocation:
     argv: list[str]
     stdin_file: Path | None
     env: dict[str, str] = field(default_factory=dict)
+    # extra bind mounts (host path, container path, read_only): e.g. a Codex home
+    mounts: list[tuple[Path, str, bool]] = field(default_factory=list)
 
 
 def invocation(agent: AgentConfig, prompt: str, run_dir: Path) -> Invocation:

@@ -437,3 +437,87 @@ def _build_top(client: Any, defn: ImageDefinition, root: Path, base: str, tag: s
                 raise EngineError(f"building {tag} failed: {detail}", hint=_ENGINE_FIX)
     except _ENGINE_FAILURES as exc:
         raise EngineError(f"building {tag} failed: {exc}", hint=_ENGINE_FIX) from None
+
+
+# ---- Codex CLI on top (`airlockd runtime build --with-codex`) ------------------------------------
+
+CODEX_PACKAGE = "@openai/codex"
+CODEX_VERSION = "0.171.0"  # pinned: the image tag names it, so a new version means a new image
+CODEX_IN_IMAGE = "/usr/local/bin/codex"
+_CODEX_BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
+
+
+def codex_image_tag(root: Path | None = None, version: str = CODEX_VERSION) -> str:
+    """`airlockd-runtime:<runtime digest>-codex-<version>`: changes with runtime/ and the version."""
+    return f"{image_tag(root)}-codex-{version}"
+
+
+def codex_cache(version: str = CODEX_VERSION) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "airlockd" / f"codex-{version}"
+
+
+def codex_binary(progress: Progress = print, version: str = CODEX_VERSION) -> Path:
+    """The static Linux Codex binary from the npm package, installed into a cache dir with npm
+    (the registry npm is configured with) when it is not there yet."""
+    cache = codex_cache(version)
+    binary = cache / _CODEX_BINARY
+    if binary.is_file():
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise EngineError(
+            f"npm is not installed; it fetches the Codex CLI ({CODEX_PACKAGE}@{version})",
+            hint="apt-get install npm, then retry `airlockd runtime build --with-codex`",
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    progress(f"runtime image: npm install {CODEX_PACKAGE}@{version}")
+    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"{CODEX_PACKAGE}@{version}"]
+    _run_streaming(argv, progress, what="npm install")
+    if not binary.is_file():
+        raise EngineError(
+            f"npm installed {CODEX_PACKAGE}@{version} but {_CODEX_BINARY} is not in it",
+            hint="this build supports x86_64 Linux only; check `npm ls` in " + str(cache),
+        )
+    return binary
+
+
+def ensure_codex_image(
+    client: Any,
+    *,
+    force: bool = False,
+    progress: Progress = print,
+    root: Path | None = None,
+    version: str = CODEX_VERSION,
+) -> str:
+    """The runtime image plus the Codex binary at /usr/local/bin/codex; built when missing."""
+    base = ensure_image(client, force=force, progress=progress, root=root)
+    tag = codex_image_tag(root, version)
+    if not force and _has_image(client, tag):
+        return tag
+    binary = codex_binary(progress, version)
+    progress(f"runtime image: adding Codex {version} -> {tag}")
+    dockerfile = (f"FROM {base}\nCOPY codex {CODEX_IN_IMAGE}\nLABEL airlockd.codex={json.dumps(version)}\n").encode()
+    with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as fh:
+        with tarfile.open(fileobj=fh, mode="w") as tar:
+            info = tarfile.TarInfo("Dockerfile")
+            info.size, info.mode = len(dockerfile), 0o644
+            tar.addfile(info, io.BytesIO(dockerfile))
+            ti = tar.gettarinfo(str(binary), arcname="codex")
+            ti.uid = ti.gid = 0
+            ti.uname = ti.gname = "root"
+            ti.mode = 0o755
+            with binary.open("rb") as src:
+                tar.addfile(ti, src)
+        fh.seek(0)
+        try:
+            stream = client.api.build(
+                fileobj=fh, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False, decode=True
+            )
+            for chunk in stream:
+                if "error" in chunk:
+                    detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+                    raise EngineError(f"building {tag} failed: {detail}", hint=_ENGINE_FIX)
+        except _ENGINE_FAILURES as exc:
+            raise EngineError(f"building {tag} failed: {exc}", hint=_ENGINE_FIX) from None
+    return tag

@@ -1,0 +1,122 @@
+"""The gateway of this process and its wiring into one run: socket, token, usage, audit.
+
+One `Gateway` per process, started on first use: the process that executes a run (`airlockd run
+--wait`, the background `_execute`, or the `serve` daemon's run pool) is the one that serves its
+model traffic, so the run-token key never leaves that process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from airlockd.gateway.server import Gateway, Route
+from airlockd.policy import AgentConfig
+from airlockd.records import RunRecord
+
+SOCKET_DIR = "/run/airlock/gw"  # where the run's socket directory is mounted, read-only
+SOCKET_NAME = "gateway.sock"
+PORT = 8181  # the forwarder's port on the container's loopback
+TOKEN_ENV = "AIRLOCK_RUN_TOKEN"
+BASE_URL = f"http://127.0.0.1:{PORT}/v1"
+
+_lock = threading.Lock()
+_gateway: Gateway | None = None
+_meters: dict[str, Any] = {}  # run id -> RunMonitor counting the run's tokens
+
+
+def process_gateway() -> Gateway:
+    global _gateway
+    with _lock:
+        if _gateway is None:
+            _gateway = Gateway().start()
+        return _gateway
+
+
+def uses_gateway(cfg: AgentConfig) -> bool:
+    """Codex always talks to its model through the gateway; a command agent when it asks."""
+    return cfg.network == "gateway" or cfg.adapter == "codex"
+
+
+def open_for_run(service: Any, rec: RunRecord, cfg: AgentConfig) -> tuple[dict[str, str], list[tuple[Path, str, bool]]]:
+    """Open the run's gate; the environment and mounts that give its container the model and
+    nothing else. The real key is read here, masked everywhere, and never leaves memory."""
+    route = Route.from_policy(service.policy.gateway)
+    service.redactor.add(route.key)
+    d = service.state.run_dir(rec.id) / "gw"
+    d.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(d, 0o755)  # the container's user must reach the socket inside it
+    ttl = min(service.policy.gateway.token_ttl_s, cfg.limits.wall_time_s + 60)
+    token = process_gateway().open_run(
+        rec.id,
+        rec.agent,
+        route,
+        d / SOCKET_NAME,
+        ttl_s=ttl,
+        on_usage=lambda n: _usage(rec.id, n),
+        on_refused=lambda reason, data: service.gateway_refused(rec.id, reason, **data),
+    )
+    service.redactor.add(token)
+    service.audit.append(
+        "gateway.opened",
+        run=rec.id,
+        agent=rec.agent,
+        policy=rec.policy_revision,
+        upstream=urlsplit(route.upstream).netloc,
+        allowed=sorted(f"{m} {p}" for m, p in route.allowed),
+        token_ttl_s=ttl,
+    )
+    env = {
+        "AIRLOCK_GATEWAY_SOCKET": f"{SOCKET_DIR}/{SOCKET_NAME}",
+        "AIRLOCK_GATEWAY_PORT": str(PORT),
+        TOKEN_ENV: token,
+        "OPENAI_API_KEY": token,  # what OpenAI clients look for: the run token, never the real key
+        "OPENAI_BASE_URL": BASE_URL,
+    }
+    return env, [(d, SOCKET_DIR, True)]
+
+
+def attach(run_id: str, monitor: Any) -> None:
+    """Usage the gateway measures for `run_id` is counted by `monitor` (its token budget)."""
+    with _lock:
+        _meters[run_id] = monitor
+
+
+def _usage(run_id: str, tokens: int) -> bool:
+    with _lock:
+        monitor = _meters.get(run_id)
+    return bool(monitor.add_tokens(tokens)) if monitor is not None else False
+
+
+def revoke(run_id: str) -> None:
+    """The run's token stops working now (stop / kill requested in this process)."""
+    with _lock:
+        gw = _gateway
+    if gw is not None:
+        gw.revoke(run_id)
+
+
+def close_for_run(service: Any, rec: RunRecord) -> None:
+    """Revoke the token, close the socket and its streams, record what passed."""
+    with _lock:
+        gw = _gateway
+        _meters.pop(rec.id, None)
+    if gw is None:
+        return
+    gate = gw.gate(rec.id)
+    if gate is None:
+        return
+    requests, cut = gate.requests, gate.cut
+    tokens = gw.close_run(rec.id)
+    service.audit.append(
+        "gateway.closed",
+        run=rec.id,
+        agent=rec.agent,
+        policy=rec.policy_revision,
+        requests=requests,
+        tokens=tokens,
+        budget_cut=cut,
+    )

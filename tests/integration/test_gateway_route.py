@@ -1,0 +1,169 @@
+"""No route but the model: from inside a real `--network none` container, the host's loopback and
+name resolution are out of reach, while the loopback forwarder reaches the model through the run's
+gateway socket, with the run token swapped for the real key, usage measured at the gateway and a
+token budget that cuts the run off."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from scripted_model import Reply, ScriptedModel, message, usage
+
+from airlockd.records import RunState
+from airlockd.service import Service
+
+pytestmark = pytest.mark.docker
+
+REAL_KEY = "sk-proj-GATEWAYTEST0123456789abcdefXYZ"
+KEY_ENV = "AIRLOCK_TEST_UPSTREAM_KEY"
+
+AGENT = r"""
+import json, os, socket, sys, urllib.request, urllib.error
+host_port = int(sys.argv[1])
+out = {}
+try:
+    socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
+    out["host_loopback"] = "reached"
+except OSError as exc:
+    out["host_loopback"] = type(exc).__name__
+try:
+    socket.create_connection(("172.17.0.1", host_port), timeout=2).close()
+    out["bridge"] = "reached"
+except OSError as exc:
+    out["bridge"] = type(exc).__name__
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except OSError as exc:
+    out["dns"] = "failed"
+base, token = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+auth = {"authorization": "Bearer " + token, "content-type": "application/json"}
+for i in range(int(sys.argv[2])):
+    body = json.dumps({"model": "m", "stream": True, "input": [{"role": "user", "content": str(i)}]}).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + "/responses", body, auth), timeout=20) as r:
+            text = r.read().decode()
+        out.setdefault("events", []).append(
+            [json.loads(l[6:])["type"] for l in text.splitlines() if l.startswith("data: ")]
+        )
+    except (urllib.error.URLError, OSError) as exc:
+        out.setdefault("events", []).append(repr(exc)[:80])
+try:
+    urllib.request.urlopen(urllib.request.Request(base + "/files", None, auth), timeout=5)
+except urllib.error.HTTPError as exc:
+    out["files"] = exc.code
+env = json.dumps(dict(os.environ))
+cmdlines = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            cmdlines.append(open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"))
+        except OSError:
+            pass
+out["seen_hex"] = (env + "\n".join(cmdlines)).encode().hex()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _image() -> None:
+    from airlockd.sandbox.image import ensure_image
+
+    ensure_image(docker.from_env())
+
+
+@pytest.fixture
+def host_server() -> Iterator[int]:
+    """A TCP server on the host's loopback that the container must not reach."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    hits: list[Any] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            hits.append(c)
+            c.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+    assert not hits, "a container reached the host's loopback"
+
+
+def make_ws(tmp_path: Path, upstream: str, admission: str = "") -> Path:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "agent.py").write_text(AGENT)
+    (ws / "policies.toml").write_text(
+        '[agents.bot]\ncommand = ["bash", "-c", "{prompt}"]\nprompt = "argv"\nnetwork = "gateway"\n'
+        f"[agents.bot.admission]\n{admission}\n"
+        f'[gateway]\nupstream = "{upstream}"\nkey_env = "{KEY_ENV}"\nallowed = ["POST /v1/responses"]\n'
+    )
+    return ws
+
+
+def result(svc: Service, run_id: str) -> dict[str, Any]:
+    text = (svc.state.run_dir(run_id) / "output.log").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[7:])
+
+
+def test_container_reaches_the_model_through_the_gateway_and_nothing_else(
+    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    with ScriptedModel(fallback=lambda seen: Reply([message("ok")], usage(30, 12))) as model:
+        ws = make_ws(tmp_path, model.url)
+        svc = Service(ws)
+        rec = svc.submit("bot", f"python3 agent.py {host_server} 2")
+        rec = svc.execute(rec.id)
+        out = result(svc, rec.id)
+    assert rec.state in (RunState.PROPOSED, RunState.APPLIED), rec.error
+    assert out["host_loopback"] == "ConnectionRefusedError"  # its own loopback, not the host's
+    assert out["bridge"] in ("OSError", "TimeoutError")  # "Network is unreachable"
+    assert out["dns"] == "failed"
+    assert out["events"] == [["response.created", "response.output_item.done", "response.completed"]] * 2
+    assert out["files"] == 404
+    seen = bytes.fromhex(out["seen_hex"]).decode()
+    assert REAL_KEY not in seen and "alrt_" in seen  # the container holds the run token only
+    assert [s.headers["authorization"] for s in model.seen] == [f"Bearer {REAL_KEY}"] * 2
+    assert rec.tokens == model.sent_tokens == 84 and rec.tokens_source == "gateway"
+    events = [json.loads(line) for line in svc.state.audit.read_text().splitlines()]
+    kinds = [e.get("kind") or e.get("event") for e in events]
+    assert "gateway.opened" in json.dumps(kinds) and "gateway.closed" in json.dumps(kinds)
+    refused = [e for e in events if "gateway.refused" in json.dumps(e)]
+    assert refused and "/v1/files" in json.dumps(refused)
+    for f in svc.state.root.rglob("*"):
+        if f.is_file():
+            assert REAL_KEY.encode() not in f.read_bytes(), f
+    assert not (svc.state.run_dir(rec.id) / "gw" / "gateway.sock").exists()
+
+
+def test_budget_spent_at_the_gateway_stops_the_run(
+    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    with ScriptedModel(fallback=lambda seen: Reply([message("ok")], usage(60, 20))) as model:
+        ws = make_ws(tmp_path, model.url, admission="max_tokens = 100")
+        svc = Service(ws)
+        rec = svc.submit("bot", f"python3 agent.py {host_server} 5; sleep 30")
+        rec = svc.execute(rec.id)
+    assert rec.state is RunState.LIMIT_EXCEEDED
+    assert rec.limit is not None and rec.limit.limit == "tokens" and "gateway" in rec.limit.source
+    # the first answer (80) passed whole; the second reached 160 and was cut before it ended
+    assert rec.tokens == 160 and rec.tokens_source == "gateway"
+    assert len(model.seen) == 2
+    closed = [json.loads(line) for line in svc.state.audit.read_text().splitlines() if "gateway.closed" in line]
+    assert closed and '"budget_cut": true' in json.dumps(closed)

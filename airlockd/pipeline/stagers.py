@@ -229,3 +229,27 @@ def engine_refuses(client: object, state_root: Path, image: str) -> str | None:
     finally:
         capfs.unmount(layers)
         shutil.rmtree(probe, ignore_errors=True)
+
+
+def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:
+    """`evidence.live_tree(workspace, withheld)` from what a mirror refresh just established,
+    without reading the workspace again: the base manifest is the live tree minus what was
+    withheld (whose paths the digest leaves out too), plus the special files the stager skipped
+    (looked up here; nodes that vanished are absent from both)."""
+    import hashlib
+    import time
+
+    from airlockd.pipeline.manifest import entry_for
+
+    nodes = dict(result.base)
+    for s in result.skipped:
+        if s.rule.startswith("special-file:"):
+            try:
+                nodes[s.path] = entry_for(workspace / s.path)
+            except OSError:
+                continue
+    h = hashlib.sha256()
+    for path in sorted(nodes):
+        h.update(json.dumps([path, nodes[path].to_json()], sort_keys=True, separators=(",", ":")).encode())
+        h.update(b"\n")
+    return {"sha256": h.hexdigest(), "entries": len(nodes), "at": round(time.time(), 3)}

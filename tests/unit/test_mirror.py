@@ -208,3 +208,21 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
         assert shutil.which("sh")
     finally:
         stagers.unmount_merged(merged)
+
+
+def test_live_tree_from_the_refresh_equals_a_full_scan(tmp_path: Path, ws: Path, policy: Policy) -> None:
+    from airlockd.evidence import live_tree
+    from airlockd.pipeline.stagers import live_tree_of
+
+    os.mkfifo(ws / "src/pipe")
+    (ws / "src/link").symlink_to("d1/f1.py")
+    (ws / "src/out").symlink_to("/etc/passwd")  # escapes: withheld
+    (ws / "src/d2/f2.py").write_text("key = AKIA" + "IOSFODNN7EXAMPLE\n")  # withheld by content
+    os.chmod(ws / "src/d3/f3.py", 0o711)
+    m = Mirror(tmp_path / "mirror")
+    for _ in range(2):  # cold, then from the cache
+        res = refresh(m, ws, policy).result
+        want = live_tree(ws, [w.path for w in res.withheld])
+        got = live_tree_of(ws, res)
+        assert (got["sha256"], got["entries"]) == (want["sha256"], want["entries"])
+        settle()

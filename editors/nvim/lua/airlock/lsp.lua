@@ -257,7 +257,10 @@ function M.command(name, args, cb, opts)
     end
     return
   end
-  local params = { command = 'airlock.' .. name, arguments = { args or vim.empty_dict() } }
+  if args == nil or next(args) == nil then
+    args = vim.empty_dict() -- {} would be sent as [], and the daemon wants one object
+  end
+  local params = { command = 'airlock.' .. name, arguments = { args } }
   request(client, 'workspace/executeCommand', params, function(err, result)
     if err then
       local text = 'airlock.' .. name .. ': ' .. error_text(err)

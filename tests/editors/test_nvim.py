@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "editors" / "nvim"
 E2E = Path(__file__).with_name("nvim") / "e2e.lua"
+UNIT = Path(__file__).with_name("nvim") / "unit.lua"
 
 POLICY = textwrap.dedent(
     """
@@ -82,6 +81,20 @@ def run_nvim(script: Path, env: dict[str, str], timeout: float = 300) -> subproc
     )
 
 
+def test_plugin_logic(tmp_path: Path) -> None:
+    """The plugin's logic that needs no daemon, in a real Neovim (tests/editors/nvim/unit.lua)."""
+    out_file = tmp_path / "unit.json"
+    env = {**os.environ, "AIRLOCK_PLUGIN": str(PLUGIN), "AIRLOCK_OUT": str(out_file), "XDG_STATE_HOME": str(tmp_path)}
+    proc = run_nvim(UNIT, env, timeout=120)
+    assert out_file.exists(), proc.stderr
+    results = json.loads(out_file.read_text())
+    failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert len(results) >= 8 and proc.returncode == 0
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> None:
     ws = workspace(tmp_path)
     out_file = tmp_path / "out.json"
@@ -152,6 +165,7 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     assert "accepted hunk at line 2 of src/mod.py" in out["log"]
 
 
+@pytest.mark.docker
 def test_checkhealth(tmp_path: Path, _state_dir: Path, _image: None) -> None:
     ws = workspace(tmp_path)
     report = tmp_path / "health.txt"

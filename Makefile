@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 engine:
 	./scripts/ensure-docker.sh
 
+# --with-codex: also the image with the Codex CLI (npm install @openai/codex into a cache dir;
+# npm must be installed: apt-get install npm). tests/integration/test_codex.py builds it too.
 image: setup engine
-	$(AIRLOCK) runtime build
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
+	$(AIRLOCK) runtime build --with-codex
 
 demo: image
 	$(AIRLOCK) demo

@@ -1,0 +1,135 @@
+"""The real Codex CLI inside the runtime container, through the loopback forwarder and the run's
+gateway socket, to a scripted Responses-API model on the host's 127.0.0.1: it creates, edits and
+deletes files with `exec_command`; the proposal lists exactly those changes; the usage on the run is
+what the model sent; the real key is nowhere in the container nor in the state dir; and a second
+turn after a rejected run starts over, after an approved one carries the conversation forward."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from scripted_model import Reply, ScriptedModel, exec_call, message, usage
+
+from airlockd.records import RunState
+from airlockd.service import Service
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+KEY_ENV = "AIRLOCK_TEST_CODEX_UPSTREAM_KEY"
+PROBE = "env; cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def codex_image() -> str:
+    """The runtime image with Codex; `npm install @openai/codex` runs here when it is missing."""
+    from airlockd.sandbox.image import ensure_codex_image
+
+    return ensure_codex_image(docker.from_env())
+
+
+@pytest.fixture
+def real_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    key = "sk-proj-" + secrets.token_hex(20)
+    monkeypatch.setenv(KEY_ENV, key)
+    return key
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(fallback=lambda seen: Reply([message("nothing more")], usage(5, 1))) as m:
+        yield m
+
+
+def make_ws(tmp_path: Path, upstream: str) -> Path:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "README.md").write_text("# project\n")
+    (ws / "edit.txt").write_text("first line\n")
+    (ws / "old.txt").write_text("to be deleted\n")
+    (ws / "policies.toml").write_text(
+        '[agents.codex]\nadapter = "codex"\nnetwork = "gateway"\n'
+        "[agents.codex.limits]\nwall_time_s = 120\nmemory_mb = 1024\n"
+        f'[gateway]\nupstream = "{upstream}"\nkey_env = "{KEY_ENV}"\nkey_file = ""\n'
+        'allowed = ["POST /v1/responses"]\n'
+    )
+    return ws
+
+
+def inputs_text(model: ScriptedModel, first: int) -> str:
+    """Everything Codex sent the model from request `first` on, as text."""
+    return json.dumps([s.body for s in model.seen[first:]])
+
+
+def changes(rec: Any) -> dict[str, str]:
+    return {f.path: f.change for f in rec.files}
+
+
+def test_codex_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedModel, real_key: str) -> None:
+    model.replies = [
+        Reply([exec_call("echo created by codex > new.txt")], usage(200, 20)),
+        Reply([exec_call("echo second line >> edit.txt")], usage(230, 15)),
+        Reply([exec_call("rm old.txt")], usage(250, 10)),
+        Reply([exec_call(PROBE)], usage(260, 12)),
+        Reply([message("turn one done")], usage(300, 8)),
+    ]
+    ws = make_ws(tmp_path, model.url)
+    svc = Service(ws)
+    rec = svc.execute(svc.submit("codex", "turn one: make the changes").id)
+    assert rec.state is RunState.PROPOSED, (
+        rec.state,
+        rec.error,
+        (svc.state.run_dir(rec.id) / "output.log").read_text(),
+    )
+    assert changes(rec) == {"new.txt": "created", "edit.txt": "modified", "old.txt": "deleted"}
+    assert rec.tokens == model.sent_tokens == 1305 and rec.tokens_source == "gateway"
+    assert len(model.seen) == 5 and all(s.path == "/v1/responses" for s in model.seen)
+    assert {s.headers["authorization"] for s in model.seen} == {f"Bearer {real_key}"}
+
+    outputs = model.tool_outputs()
+    probe = outputs[-1]
+    assert "AIRLOCK_RUN_TOKEN=alrt_" in probe and "CODEX_HOME=/run/airlock/codex-home" in probe
+    assert "codex" in probe and "exec" in probe  # process arguments were read
+    assert real_key not in probe and real_key not in json.dumps(outputs)
+    for f in svc.state.root.rglob("*"):  # store, audit, logs, agent home, its snapshot, staging
+        if f.is_file() and not f.is_symlink():
+            assert real_key.encode() not in f.read_bytes(), f
+
+    # reject: the files are discarded and the conversation is rolled back
+    svc.review.reject(rec.id)
+    assert svc.store.get_run(rec.id).state is RunState.REJECTED
+    seen = len(model.seen)
+    model.replies = [Reply([message("turn two done")], usage(50, 5))]
+    rec2 = svc.execute(svc.submit("codex", "turn two: continue", follow_up=rec.id).id)
+    assert rec2.state in (RunState.PROPOSED, RunState.APPLIED), rec2.error
+    sent = inputs_text(model, seen)
+    assert "turn two: continue" in sent
+    assert "turn one: make the changes" not in sent and "turn one done" not in sent
+    assert not (ws / "new.txt").exists() and (ws / "old.txt").exists()
+
+    # approve: the files land and the next turn carries the conversation forward
+    seen = len(model.seen)
+    model.replies = [
+        Reply([exec_call("echo three > three.txt")], usage(60, 6)),
+        Reply([message("turn three done")], usage(70, 7)),
+    ]
+    rec3 = svc.execute(svc.submit("codex", "turn three: write three.txt").id)
+    assert changes(rec3) == {"three.txt": "created"}
+    svc.review.approve(rec3.id)
+    assert svc.store.get_run(rec3.id).state is RunState.APPLIED
+    assert (ws / "three.txt").read_text() == "three\n"
+    seen = len(model.seen)
+    model.replies = [Reply([message("turn four done")], usage(80, 8))]
+    rec4 = svc.execute(svc.submit("codex", "turn four: and now?", follow_up=rec3.id).id)
+    assert rec4.state in (RunState.PROPOSED, RunState.APPLIED), rec4.error
+    sent = inputs_text(model, seen)
+    assert "turn four: and now?" in sent
+    assert "turn three: write three.txt" in sent and "turn three done" in sent
+    audit = svc.state.audit.read_text()
+    assert "session.rolled_back" in audit and "session.committed" in audit
+    assert real_key not in audit

@@ -90,7 +90,7 @@ def test_plugin_logic(tmp_path: Path) -> None:
     results = json.loads(out_file.read_text())
     failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(results) >= 8 and proc.returncode == 0
+    assert len(results) >= 9 and proc.returncode == 0
 
 
 @pytest.mark.docker
@@ -163,6 +163,7 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     assert out["final_statusline"] == "airlock: bot applied"
     assert "airlock: reviewing 3 hunks in 2 files" in out["statuslines"]
     assert "accepted hunk at line 2 of src/mod.py" in out["log"]
+    assert "applyEdit" not in out["log"]  # nothing ever asked the editor to apply the proposal
 
 
 @pytest.mark.docker

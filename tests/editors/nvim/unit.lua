@@ -161,6 +161,17 @@ it('the evidence printer', function()
   eq({ 'a: 1', 'b:', '  - x', 'c:', '  d: null' }, commands.pretty({ a = 1, b = { 'x' }, c = { d = vim.NIL } }))
 end)
 
+it('the help file has tags and :helptags takes it', function()
+  local dir = vim.fn.tempname()
+  vim.fn.mkdir(dir, 'p')
+  vim.fn.writefile(vim.fn.readfile(vim.env.AIRLOCK_PLUGIN .. '/doc/airlock.txt'), dir .. '/airlock.txt')
+  vim.cmd.helptags(vim.fn.fnameescape(dir))
+  local tags = table.concat(vim.fn.readfile(dir .. '/tags'), '\n')
+  for _, tag in ipairs({ 'airlock.setup()', ':Airlock', ':Airlock-accept', 'airlock-keys', 'airlock.statusline()', 'airlock-health' }) do
+    assert(tags:find(vim.pesc(tag) .. '\t'), 'missing tag ' .. tag)
+  end
+end)
+
 local f = assert(io.open(vim.env.AIRLOCK_OUT, 'w'))
 f:write(vim.json.encode(results))
 f:close()

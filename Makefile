@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 AIRLOCK := $(VENV)/bin/airlockd
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup engine image demo test lint bench clean
+.PHONY: setup engine image demo test lint bench clean vscode code-server
 
 setup: $(STAMP)
 
@@ -32,8 +32,30 @@ lint: setup
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
 
-test: image lint
+test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q
+
+# The VS Code extension (editors/vscode): npm ci from the committed lock file (which records no
+# download address: editors/vscode/.npmrc sets omit-lockfile-registry-resolved), tsc --strict,
+# node --test unit and glue tests, the esbuild bundle and `vsce package` -> out/airlockd.vsix.
+VSCODE := editors/vscode
+
+$(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.json
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
+	@! grep -n '"resolved"' $(VSCODE)/package-lock.json || (echo "$(VSCODE)/package-lock.json records download addresses" >&2; false)
+	cd $(VSCODE) && npm ci --no-fund --no-audit --loglevel=error
+	@touch $@
+
+vscode: $(VSCODE)/node_modules/.ci-stamp
+	cd $(VSCODE) && npx tsc -p .
+	cd $(VSCODE) && npm run --silent test:unit
+	cd $(VSCODE) && npm run --silent test:glue
+	cd $(VSCODE) && npm run --silent package
+
+# Node 24, code-server and Debian's chromium for tests/editors/test_vscode_e2e.py, cached outside
+# the repository (a second run installs nothing).
+code-server:
+	./scripts/ensure-code-server.sh >/dev/null
 
 bench: image
 	$(VENV)/bin/pytest tests/bench -s -q

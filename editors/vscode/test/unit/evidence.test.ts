@@ -1,0 +1,72 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { evidenceTree, type Node } from "../../src/logic/evidence";
+import type { Evidence } from "../../src/logic/protocol";
+import { AirlockState } from "../../src/logic/state";
+import { modProposal } from "./fixtures";
+
+const ev: Evidence = {
+  runId: "r1",
+  agent: "bot",
+  state: "proposed",
+  policy: { revision: "p-abc123", snapshot: "{}" },
+  rules: [
+    { path: "src/mod.py", change: "modified", decision: "auto", rule: "rules[2]", reason: "ordinary source code" },
+    { path: "src/new.py", change: "created", decision: "auto", rule: "rules[2]", reason: "ordinary source code" },
+    { path: "AGENTS.md", change: "modified", decision: "deny", rule: "invariant:protected", reason: "protected" },
+  ],
+  withheld: [{ path: ".env", rule: "withhold:.env", value_sha256: "never shown" }],
+  resources: {
+    container: { image: "airlockd-runtime", exit_code: 0, duration_s: 1.5, effective: { network_mode: "none", cap_drop: ["ALL"], cap_add: null, memory_bytes: 1073741824, cpus: 1 } },
+    outputBytes: 42,
+    tokens: 0,
+    limit: null,
+  },
+  transitions: [{ state: "admitted", at: 1 }],
+  timeline: [{ seq: 0, at: 1700000000, kind: "admission.admitted", run: "r1", data: { reason: null } }],
+  applied: [],
+};
+
+function find(nodes: Node[], label: string): Node {
+  const n = nodes.find((x) => x.label === label);
+  assert.ok(n, `no node ${label}`);
+  return n;
+}
+
+test("evidence tree: policy revision, rules hit, withheld names only, network, capabilities, peaks, timeline", () => {
+  const tree = evidenceTree(ev, { cpuPct: 87.4, memBytes: 200 * 1024 * 1024 });
+  assert.equal(find(tree, "policy").description, "revision p-abc123");
+  const rules = find(tree, "rules hit");
+  assert.equal(rules.description, "2");
+  assert.deepEqual(find(rules.children!, "rules[2]").children!.map((c) => c.label), ["src/mod.py (modified)", "src/new.py (created)"]);
+  const withheld = find(tree, "withheld files");
+  assert.deepEqual(withheld.children!.map((c) => c.label), [".env"]);
+  assert.ok(!JSON.stringify(withheld).includes("never shown"));
+  const container = find(tree, "container");
+  assert.equal(container.description, "network none");
+  assert.equal(find(container.children!, "capabilities dropped").description, "ALL");
+  const res = find(tree, "resources");
+  assert.equal(find(res.children!, "peak memory").description, "200 MB");
+  assert.equal(find(res.children!, "peak CPU").description, "87%");
+  assert.equal(find(res.children!, "memory limit").description, "1.0 GB");
+  const tl = find(tree, "audit timeline");
+  assert.equal(tl.children![0].label, "admission.admitted");
+});
+
+test("state: peaks from runStatus samples; proposals mark the run", () => {
+  const s = new AirlockState();
+  let changes = 0;
+  s.onChange(() => changes++);
+  const base = { runId: "r1", agent: "bot", elapsedS: 1, outputBytes: 0, tokens: 0 };
+  s.setRunStatus({ ...base, state: "running", cpuPct: 50, memBytes: 10 });
+  s.setRunStatus({ ...base, state: "running", cpuPct: 20, memBytes: 30 });
+  assert.deepEqual(s.peaks.get("r1"), { cpuPct: 50, memBytes: 30 });
+  assert.equal(s.liveRuns().length, 1);
+  s.setProposal(modProposal());
+  assert.equal(s.liveRuns().length, 0);
+  assert.equal(s.open().length, 1);
+  s.setAgentStatus({ agent: "bot", quarantined: true, reason: "x", runsUsed: 1, tokensUsed: 0 });
+  assert.equal(s.agents.get("bot")!.quarantined, true);
+  assert.equal(changes, 4);
+});

@@ -83,6 +83,7 @@ class ScriptedModel:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # each SSE event leaves at once, as a real server's would
 
             def log_message(self, *args: Any) -> None:
                 pass

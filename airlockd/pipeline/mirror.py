@@ -461,7 +461,13 @@ class Mirror:
             stager = _MirrorStager(policy, clearance, owner, redactor, progress, cache=cache, stamp=built)
             self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
             (self.root / "current").write_text(str(gen))
-            atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, stamp))
+            st = stager.stats
+            kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
+            changed = st.read or st.written or st.removed or stager.new.keys() != cache.keys()
+            if not cache or changed:
+                atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, stamp))
+            elif kept != others:  # only directories or links came or went: the old stamp still vouches
+                atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, built))
             marker.unlink()
             if run_id is not None:
                 self._refs(gen).mkdir(parents=True, exist_ok=True)

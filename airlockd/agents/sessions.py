@@ -78,9 +78,13 @@ def settle(service: Any, rec: RunRecord, dst: RunState) -> None:
         return
     h = adir / "home"
     old = adir / f"home.rolled-back.{rec.id}"
-    if h.exists():
-        os.replace(h, old)
-    os.replace(snap, h)
+    try:
+        if h.exists():
+            os.replace(h, old)
+        os.replace(snap, h)
+    except OSError as exc:  # the run's fate stands; the conversation could not follow it
+        service.audit.append("session.rollback_failed", **fields, error=str(exc))
+        return
     shutil.rmtree(old, ignore_errors=True)
     service.audit.append("session.rolled_back", **fields, to_state=dst.value)
 

@@ -20,11 +20,20 @@ AGENT_UID = (1000, 1000)
 def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Invocation:
     """The run's Invocation with the gateway wired in (its gate is open from here on: the caller
     must call `finish`)."""
-    run_dir = service.state.run_dir(rec.id)
     env: dict[str, str] = {}
     mounts: list[tuple[Any, str, bool]] = []
     if gateway_runs.uses_gateway(cfg):
         env, mounts = gateway_runs.open_for_run(service, rec, cfg)
+    try:
+        inv = _adapter(service, rec, cfg, prompt)
+    except BaseException:
+        gateway_runs.close_for_run(service, rec)  # no container will use the gate
+        raise
+    return Invocation(inv.argv, inv.stdin_file, {**inv.env, **env}, [*inv.mounts, *mounts])
+
+
+def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Invocation:
+    run_dir = service.state.run_dir(rec.id)
     if cfg.adapter == "codex":
         owner = AGENT_UID if os.getuid() == 0 else None
         home = sessions.home(service.state.root, rec.agent, owner)
@@ -47,9 +56,8 @@ def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Invo
         (run_dir / codex.SESSION_FILE).write_text(
             json.dumps({"before": sorted(codex.sessions(home)), "resume": resume})
         )
-    else:
-        inv = command_invocation(cfg, prompt, run_dir)
-    return Invocation(inv.argv, inv.stdin_file, {**inv.env, **env}, [*inv.mounts, *mounts])
+        return inv
+    return command_invocation(cfg, prompt, run_dir)
 
 
 def finish(service: Any, rec: RunRecord) -> None:

@@ -387,7 +387,10 @@ class Service:
         save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
         withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
         # the live tree as the agent's copy was taken: evidence that it stays put while proposed
-        tree = live_tree(self.workspace, [w["path"] for w in withheld])
+        if stager == stagers.OVERLAY:  # the refresh just established it: no second read of the tree
+            tree = stagers.live_tree_of(self.workspace, result)
+        else:
+            tree = live_tree(self.workspace, [w["path"] for w in withheld])
         self.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
         withheld = self.redactor.value(withheld)
         for w in withheld:

@@ -34,7 +34,7 @@ if [ ! -f "$node_dir/.installed" ]; then
 fi
 node_bin=$node_dir/node_modules/.bin
 
-if [ ! -f "$cs_dir/.installed" ]; then
+if [ ! -f "$cs_dir/.installed" ] || [ ! -d "$cs_dir/node_modules/code-server/lib/vscode/node_modules" ]; then
   say "installing code-server@$code_server_version into $cs_dir (under $("$node_bin/node" --version))"
   rm -rf "$cs_dir" && mkdir -p "$cs_dir"
   echo '{"private": true}' >"$cs_dir/package.json"

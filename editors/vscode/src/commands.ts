@@ -286,7 +286,7 @@ export class Commands {
         void vscode.window.showInformationMessage("airlock: no proposal is waiting for review");
         return;
       }
-      target = (await vscode.window.showQuickPick(items, { placeHolder: "Diff which file?" }))?.t;
+      target = items.length === 1 ? items[0].t : (await vscode.window.showQuickPick(items, { placeHolder: "Diff which file?" }))?.t;
     }
     if (!target) return;
     const { paths } = this.d;

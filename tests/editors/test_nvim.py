@@ -117,11 +117,13 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     assert out["steps"][-1]["name"] == "shut down", out["steps"]
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    # files on disk: one hunk of mod.py landed, the other did not; the created file exists;
-    # the protected file was never touched
-    assert (ws / "src" / "mod.py").read_text() == ACCEPTED_MOD
-    assert (ws / "src" / "new.py").read_text() == "def new():\n    return 1\n"
+    # files on disk: the run was undone at the end (before that the buffer showed what was accepted,
+    # below); the protected file was never touched; the rejected follow-up never landed
+    assert (ws / "src" / "mod.py").read_text() == MOD
+    assert not (ws / "src" / "new.py").exists()
     assert (ws / "AGENTS.md").read_text() == "be nice\n"
+    assert out["new_file_on_disk"] == "def new():\n    return 1\n"
+    assert out["mod_on_disk"] == ACCEPTED_MOD
 
     # the agent picker offered the policy's agent; the run went through its stages
     assert any(a.startswith("bot ") for a in out["agents_offered"])
@@ -164,6 +166,12 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     assert "airlock: reviewing 3 hunks in 2 files" in out["statuslines"]
     assert "accepted hunk at line 2 of src/mod.py" in out["log"]
     assert "applyEdit" not in out["log"]  # nothing ever asked the editor to apply the proposal
+
+    # evidence, a follow-up rejected as a whole, undo of the first run
+    assert "invariant:protected-instructions" in out["evidence"] and "transitions" in out["evidence"]
+    assert out["followup_agent"] == "bot" and out["followup_state"] == "rejected"
+    assert out["followup_statusline"] == "airlock: reviewing 1 hunk in 1 file"
+    assert out["mod_after_undo"] == MOD and out["statusline_after_undo"] == "airlock: bot undone"
 
 
 @pytest.mark.docker

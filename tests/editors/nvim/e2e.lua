@@ -78,6 +78,26 @@ local function proposal()
   return run_id and state.proposals[run_id]
 end
 
+-- wait for run `id` to be proposed; a run that ended otherwise fails at once, with the daemon's word
+local BAD = { failed = true, stopped = true, killed = true, limit_exceeded = true, rejected_at_admission = true }
+local function proposed(id)
+  wait('run ' .. id .. ' to be proposed', function()
+    local r = state.runs[id]
+    if r and BAD[r.state] then
+      local said = {}
+      for _, m in ipairs(out.messages) do
+        table.insert(said, m.msg)
+      end
+      for _, e in ipairs(state.log) do
+        table.insert(said, e.text)
+      end
+      error(string.format('run %s %s: %s', id, r.state, table.concat(said, ' / ')))
+    end
+    local p = state.proposals[id]
+    return p and p.state == 'proposed'
+  end)
+end
+
 local function file(path)
   for _, f in ipairs(proposal().files) do
     if f.path == path then
@@ -132,10 +152,7 @@ step(':Airlock run with the agent picker and the prompt input', function()
   run_id = state.last_run
   out.run_id = run_id
   out.agents_offered = offered
-  wait('the proposal', function()
-    local p = proposal()
-    return p and p.state == 'proposed'
-  end)
+  proposed(run_id)
   -- the work-done progress ends once the run's thread is done, shortly after the proposal
   wait('the progress to end', function()
     return vim.tbl_contains(vim.tbl_map(function(p)
@@ -256,12 +273,55 @@ end)
 step('after the review', function()
   vim.cmd.buffer(mod_buf)
   out.mod_final = lines(mod_buf)
+  out.mod_on_disk = table.concat(vim.fn.readfile('src/mod.py'), '\n') .. '\n'
+  out.new_file_on_disk = table.concat(vim.fn.readfile('src/new.py'), '\n') .. '\n'
   out.mod_final_modified = vim.bo[mod_buf].modified
   out.marks_final = #marks(mod_buf)
   out.final_statusline = airlock.statusline({ plain = true })
   out.keys_final = buf_map(']h')
   vim.cmd('Airlock log')
   out.log = lines(vim.api.nvim_get_current_buf())
+end)
+
+step(':Airlock evidence shows the rules hit', function()
+  vim.cmd('Airlock evidence ' .. run_id)
+  wait('the evidence buffer', function()
+    return vim.api.nvim_buf_get_name(0):find('airlock://evidence/', 1, true) ~= nil
+  end, 10000)
+  out.evidence = lines(vim.api.nvim_get_current_buf())
+  vim.cmd('only')
+  vim.cmd.buffer(mod_buf)
+end)
+
+step(':Airlock followup, then :Airlock reject all', function()
+  vim.ui.input = function(_, on_confirm)
+    on_confirm("echo 'X = 3' >> src/new.py")
+  end
+  vim.cmd('Airlock followup')
+  wait('the follow-up to start', function()
+    return state.last_run ~= run_id
+  end, 30000)
+  local second = state.last_run
+  out.followup_agent = state.runs[second].agent
+  proposed(second)
+  out.followup_statusline = airlock.statusline({ plain = true })
+  vim.cmd('Airlock reject all')
+  wait('the follow-up to be rejected', function()
+    return state.proposals[second].state == 'rejected'
+  end, 30000)
+  out.followup_state = state.proposals[second].state
+end)
+
+step(':Airlock undo of the first run reloads the buffer', function()
+  vim.cmd('Airlock undo ' .. run_id)
+  wait('the undo', function()
+    return proposal().state == 'undone'
+  end, 30000)
+  wait('mod.py to reload', function()
+    return lines(mod_buf) == out.mod_before
+  end, 10000)
+  out.mod_after_undo = lines(mod_buf)
+  out.statusline_after_undo = airlock.statusline({ plain = true })
 end)
 
 step('shut down', function()

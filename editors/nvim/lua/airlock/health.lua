@@ -20,7 +20,7 @@ end
 
 --- Start `cmd` in `root`, send `initialize`, and wait for its answer (then shut it down).
 local function starts(cmd, root, env)
-  local out = {}
+  local out, errs = {}, {}
   local ok, proc = pcall(vim.system, cmd, {
     cwd = root,
     env = env,
@@ -30,7 +30,11 @@ local function starts(cmd, root, env)
         table.insert(out, data)
       end
     end,
-    stderr = function() end,
+    stderr = function(_, data)
+      if data then
+        table.insert(errs, data)
+      end
+    end,
   })
   if not ok then
     return false, tostring(proc)
@@ -46,7 +50,9 @@ local function starts(cmd, root, env)
   end
   local res = proc:wait(answered and 10000 or 1000)
   if not answered then
-    return false, string.format('no answer to initialize (exit %s)', tostring(res.code))
+    local said = vim.split(vim.trim(table.concat(errs)), '\n')
+    local tail = table.concat(vim.list_slice(said, math.max(1, #said - 2)), ' ')
+    return false, string.format('no answer to initialize (exit %s): %s', tostring(res.code), tail)
   end
   local text = table.concat(out)
   local name = text:match('"serverInfo":%s*{[^}]-"name":%s*"([^"]+)"') or 'server'

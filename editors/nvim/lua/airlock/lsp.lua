@@ -76,6 +76,16 @@ local function handlers()
   }
 end
 
+--- A buffer that is a file on disk (not a scratch, help, health:// or other scheme buffer).
+local function is_file_buffer(bufnr)
+  if vim.bo[bufnr].buftype ~= '' then
+    return false
+  end
+  local name = vim.api.nvim_buf_get_name(bufnr)
+  return name ~= '' and not name:match('^%a[%w+.-]*://')
+end
+M.is_file_buffer = is_file_buffer
+
 local function root_of(bufnr)
   local markers = config.values.root_markers
   local root = vim.fs.root(bufnr or 0, markers)
@@ -133,7 +143,7 @@ function M.register()
   if vim.lsp.config and vim.lsp.enable then
     local cfg = M.client_config(nil)
     cfg.root_dir = function(bufnr, on_dir)
-      if vim.bo[bufnr].buftype == '' then
+      if is_file_buffer(bufnr) then
         on_dir(root_of(bufnr))
       end
     end
@@ -143,7 +153,7 @@ function M.register()
     vim.api.nvim_create_autocmd('FileType', {
       group = group,
       callback = function(ev)
-        if vim.bo[ev.buf].buftype == '' then
+        if is_file_buffer(ev.buf) then
           local ft = config.values.filetypes
           if not ft or vim.tbl_contains(ft, vim.bo[ev.buf].filetype) then
             vim.lsp.start(M.client_config(root_of(ev.buf)), { bufnr = ev.buf })
@@ -158,7 +168,7 @@ function M.register()
     group = group,
     callback = function(ev)
       vim.schedule(function()
-        if not vim.api.nvim_buf_is_valid(ev.buf) or vim.bo[ev.buf].buftype ~= '' then
+        if not vim.api.nvim_buf_is_valid(ev.buf) or not is_file_buffer(ev.buf) then
           return
         end
         local client = M.client()
@@ -218,8 +228,8 @@ function M.ensure()
   local cfg = M.client_config(root)
   local id
   if NEW then
-    id = vim.lsp.start(cfg, { bufnr = bufnr, attach = vim.bo[bufnr].buftype == '' and vim.api.nvim_buf_get_name(bufnr) ~= '' })
-  elseif vim.bo[bufnr].buftype == '' and vim.api.nvim_buf_get_name(bufnr) ~= '' then
+    id = vim.lsp.start(cfg, { bufnr = bufnr, attach = is_file_buffer(bufnr) })
+  elseif is_file_buffer(bufnr) then
     id = vim.lsp.start(cfg, { bufnr = bufnr })
   else
     id = vim.lsp.start_client(cfg)

@@ -5,7 +5,9 @@ the real `airlockd serve` and the real Docker engine.
 From the command palette a task runs a scripted agent that changes two lines of a file; the status
 bar goes through running to reviewing; the diff opens; one hunk is accepted with its CodeLens; the
 file on disk then has that hunk and not the other, and the editor shows the disk's text. Every step
-is saved as a screenshot into docs/img/vscode-*.png (the pictures of docs/editors.md)."""
+is saved as a screenshot: into docs/img/vscode-*.png (the pictures of docs/editors.md) when
+AIRLOCK_UPDATE_SCREENSHOTS=1, else beside the test's temporary files (so a test run leaves the
+work tree clean)."""
 
 from __future__ import annotations
 
@@ -175,9 +177,9 @@ def make_workspace(root: Path) -> Path:
     return ws
 
 
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"vscode-{name}.png"))
+def shot(page: Any, name: str, where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(where / f"vscode-{name}.png"))
 
 
 def status_text(page: Any) -> str:
@@ -211,6 +213,7 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
     if not shutil.which("chromium") and not Path("/usr/bin/chromium").exists():
         pytest.fail("chromium is missing: scripts/ensure-code-server.sh installs it")
     ws = make_workspace(tmp_path)
+    shots = SHOTS if os.environ.get("AIRLOCK_UPDATE_SCREENSHOTS") else tmp_path / "screenshots"
     with serving(code_server, vsix, ws, tmp_path / "home") as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -221,14 +224,14 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
 
             # 1. run a task from the command palette: agent picker, then the prompt
             palette(page, "Airlock: Run Agent Task")
-            shot(page, "1-palette")
+            shot(page, "1-palette", shots)
             page.keyboard.press("Enter")
             page.locator(".quick-input-list .monaco-list-row", has_text="bot").first.wait_for()
             page.keyboard.press("Enter")
             page.locator(".quick-input-widget input").wait_for(state="visible")
             page.wait_for_timeout(300)
             page.keyboard.type(PROMPT)
-            shot(page, "2-prompt")
+            shot(page, "2-prompt", shots)
             page.keyboard.press("Enter")
 
             # 2. the status bar follows the run, then counts what waits for review
@@ -236,7 +239,7 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
             with contextlib.suppress(AssertionError):  # a resource sample: memory above zero
                 running = wait_status(page, r"bot running .*CPU \d+% · [1-9][\d.]* [KMG]?B/", timeout=15)
             page.wait_for_timeout(600)
-            shot(page, "3-running")
+            shot(page, "3-running", shots)
             reviewing = wait_status(page, r"2 hunks in 1 file", timeout=120)
             assert (ws / "src" / "mod.py").read_text() == MOD, "nothing lands before the person accepts"
 
@@ -246,7 +249,7 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
             page.locator(".monaco-diff-editor").first.wait_for(timeout=30_000)
             page.locator(".monaco-diff-editor .view-line", has_text="line eighteen").first.wait_for(timeout=30_000)
             page.wait_for_timeout(800)
-            shot(page, "4-diff")
+            shot(page, "4-diff", shots)
 
             # 4. the file itself: pending hunks decorated, "Accept | Reject | Diff" above each
             explorer = page.locator(".explorer-folders-view .monaco-list-row")
@@ -255,7 +258,7 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
             lens = page.locator(".codelens-decoration a", has_text="Accept")
             lens.first.wait_for(timeout=30_000)
             page.wait_for_timeout(500)
-            shot(page, "5-lenses")
+            shot(page, "5-lenses", shots)
             lens.first.click()  # the hunk at line 2
 
             # 5. accepted: on disk that hunk and not the other; the editor shows the disk's text
@@ -266,7 +269,7 @@ def test_run_review_accept_in_code_server(_image: None, code_server: str, vsix: 
             wait_status(page, r"1 hunk in 1 file", timeout=30)
             page.locator(".editor-instance .view-line", has_text="line two").first.wait_for(timeout=30_000)
             page.wait_for_timeout(800)
-            shot(page, "6-accepted")
+            shot(page, "6-accepted", shots)
             assert running and reviewing
         except BaseException:
             with contextlib.suppress(Exception):

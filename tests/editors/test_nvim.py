@@ -170,6 +170,10 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     # evidence, a follow-up rejected as a whole, undo of the first run
     assert "invariant:protected-instructions" in out["evidence"] and "transitions" in out["evidence"]
     assert out["followup_agent"] == "bot" and out["followup_state"] == "rejected"
+    # ... after an approval over an unsaved buffer was refused: nothing written, the edit kept
+    assert out["dirty_error"] and out["dirty_error"]["code"] == -32030, out["dirty_error"]
+    assert out["dirty_buffer"] == "# mine, unsaved\ndef new():\n    return 1\n"
+    assert out["dirty_disk"] == "def new():\n    return 1\n"
     assert out["followup_statusline"] == "airlock: reviewing 1 hunk in 1 file"
     assert out["mod_after_undo"] == MOD and out["statusline_after_undo"] == "airlock: bot undone"
 

@@ -305,11 +305,37 @@ step(':Airlock followup, then :Airlock reject all', function()
   out.followup_agent = state.runs[second].agent
   proposed(second)
   out.followup_statusline = airlock.statusline({ plain = true })
+  -- an unsaved edit in the buffer of that file: accepting must write nothing and keep the edit
+  vim.cmd.edit('src/new.py')
+  local nb = vim.api.nvim_get_current_buf()
+  wait('new.py to attach', function()
+    return vim.lsp.buf_is_attached(nb, airlock.client().id)
+  end, 10000)
+  vim.api.nvim_buf_set_lines(nb, 0, 0, false, { '# mine, unsaved' })
+  local got
+  airlock.decide('accept', 'file', 'src/new.py', function(err)
+    got = err or false
+  end)
+  wait('the approval answer', function()
+    return got ~= nil
+  end, 30000)
+  out.dirty_error = got and { code = got.code, message = got.message } or nil
+  out.dirty_buffer = lines(nb)
+  out.dirty_disk = table.concat(vim.fn.readfile('src/new.py'), '\n') .. '\n'
+  wait('new.py to be marked conflicted', function()
+    for _, f in ipairs(state.proposals[second].files) do
+      if f.path == 'src/new.py' then
+        return f.state == 'conflicted'
+      end
+    end
+  end, 10000)
   vim.cmd('Airlock reject all')
   wait('the follow-up to be rejected', function()
     return state.proposals[second].state == 'rejected'
   end, 30000)
   out.followup_state = state.proposals[second].state
+  vim.cmd('edit!')
+  vim.cmd.buffer(mod_buf)
 end)
 
 step(':Airlock undo of the first run reloads the buffer', function()

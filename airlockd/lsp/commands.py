@@ -14,6 +14,7 @@ from typing import Any
 from lsprotocol import types
 
 from airlockd.errors import AirlockError, ConflictError
+from airlockd.evidence import evidence as run_evidence
 from airlockd.lsp import documents, runs, status
 from airlockd.lsp.args import AgentArgs, DecideArgs, DiffArgs, NoArgs, RunArgs, RunTaskArgs, parse, rpc_error
 from airlockd.lsp.server import AirlockServer
@@ -61,29 +62,29 @@ def run_summary(rec: RunRecord) -> dict[str, Any]:
 
 
 def evidence(svc: Service, run_id: str) -> dict[str, Any]:
+    """`airlock.getEvidence`: the run's evidence document (airlockd.evidence, the same one
+    `airlockd show RUN --json` gives), plus the shapes the editors read (runId, the policy text,
+    per-file rules, resources with peaks, transitions, applied transactions)."""
+    full = run_evidence(svc, run_id)
     rec = svc.store.get_run(run_id)
     policy_file = svc.state.policies / f"{rec.policy_revision}.json"
     return {
+        **full,
         "runId": rec.id,
-        "agent": rec.agent,
-        "state": rec.state.value,
-        "policy": {
-            "revision": rec.policy_revision,
-            "snapshot": policy_file.read_text() if policy_file.exists() else None,
-        },
+        "policy": {**full["policy"], "snapshot": policy_file.read_text() if policy_file.exists() else None},
         "rules": [
             {"path": f.path, "change": f.change, "decision": f.decision.value, "rule": f.rule, "reason": f.reason}
             for f in rec.files
         ],
-        "withheld": rec.withheld,
+        "rulesFired": full["rules"],
         "resources": {
+            **full["resources"],
             "container": rec.container,
             "outputBytes": rec.output_bytes,
             "tokens": rec.tokens,
             "limit": rec.limit.model_dump() if rec.limit else None,
         },
         "transitions": [t.model_dump(mode="json") for t in rec.transitions],
-        "timeline": list(svc.audit.events(run=rec.id)),
         "applied": [a.model_dump(mode="json") for a in rec.applied],
     }
 

@@ -26,9 +26,10 @@ def outcome(rec: RunRecord) -> tuple[types.MessageType, str] | None:
     detail = rec.transitions[-1].detail if rec.transitions else ""
     if rec.state is RunState.PROPOSED:
         n = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
+        changes = f"{len(rec.files)} change{'' if len(rec.files) == 1 else 's'}"
         return (
             types.MessageType.Info,
-            f"airlock: run {rec.id} ({rec.agent}) proposes {len(rec.files)} changes: "
+            f"airlock: run {rec.id} ({rec.agent}) proposes {changes}: "
             f"{n[FileState.PENDING]} to review, {n[FileState.ACCEPTED]} applied, {n[FileState.DENIED]} denied",
         )
     if rec.state is RunState.APPLIED:

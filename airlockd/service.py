@@ -34,7 +34,7 @@ from airlockd.pipeline.commit import recover
 from airlockd.pipeline.manifest import load_manifest, save_manifest
 from airlockd.pipeline.mirror import mirror_for
 from airlockd.pipeline.staging import stage
-from airlockd.policy import Decision, LoadedPolicy, Mode, load_policy
+from airlockd.policy import Decision, Level, LoadedPolicy, Mode, load_policy
 from airlockd.records import (
     FileReview,
     FileState,
@@ -57,6 +57,7 @@ Progress = Callable[[str, str], None]  # (stage, message)
 Listener = Callable[[str, dict[str, Any]], None]  # (event, payload): "runStatus", "agentStatus"
 AGENT_UID = (1000, 1000)
 OUTPUT_TAIL_BYTES = 64 * 1024
+LEARN_FRESH_S = 5.0
 
 
 def _noop(stage: str, message: str) -> None:
@@ -89,7 +90,8 @@ class Service:
             key=lambda lvl: lvl.rank,
             default=self.policy.defaults.clearance,
         )
-        learn_withheld(self.workspace, self.policy, lowest, self.redactor)
+        self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
+        self.learn_withheld(lowest)
         self.review = Review(self)
         self._recover_journals()
         self._reconcile()
@@ -115,6 +117,18 @@ class Service:
         if self.loaded.revision != old:
             self.audit.append("policy.reloaded", policy=self.loaded.revision, previous=old)
         return self.loaded
+
+    def learn_withheld(self, clearance: Level) -> None:
+        """Read the values of the workspace's withheld files into the redactor (memory only).
+        A walk at this clearance or a lower one (which withholds at least as much) in the last
+        few seconds is current enough: a CLI command does not walk the tree twice."""
+        now = time.monotonic()
+        if self._learned is not None:
+            when, level = self._learned
+            if now - when < LEARN_FRESH_S and level.rank <= clearance.rank:
+                return
+        learn_withheld(self.workspace, self.policy, clearance, self.redactor)
+        self._learned = (now, clearance)
 
     @property
     def policy(self) -> Any:
@@ -219,7 +233,7 @@ class Service:
             follow_up = prev.id
         screened = admission.screen_prompt(prompt)
         # withheld values are masked before anything is stored, and a prompt quoting one is refused
-        learn_withheld(self.workspace, self.policy, self.policy.clearance_for(agent), self.redactor)
+        self.learn_withheld(self.policy.clearance_for(agent))
         if self.redactor.known_in(prompt):
             screened.secrets.append("withheld-value")
         self.redactor.learn(prompt)  # a bare copy of a secret it holds is masked from here on

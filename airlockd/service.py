@@ -12,32 +12,21 @@ import hashlib
 import logging
 import os
 import secrets
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd import screening
+from airlockd import execution, recovery
 from airlockd.agents import sessions as agent_sessions
-from airlockd.agents import wiring as agent_wiring
 from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence import live_tree
 from airlockd.gateway import runs as gateway_runs
-from airlockd.pipeline import admission, stagers
-from airlockd.pipeline.classify import classify
-from airlockd.pipeline.commit import recover
-from airlockd.pipeline.manifest import load_manifest, save_manifest
-from airlockd.pipeline.mirror import mirror_for
-from airlockd.pipeline.staging import stage
-from airlockd.policy import Decision, Level, LoadedPolicy, Mode, load_policy
+from airlockd.pipeline import admission
+from airlockd.policy import Level, LoadedPolicy, Mode, load_policy
 from airlockd.records import (
-    FileReview,
-    FileState,
     RunRecord,
     RunState,
     Transition,
@@ -45,8 +34,7 @@ from airlockd.records import (
 )
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.review import Review
-from airlockd.sandbox import capfs
-from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume, Sandbox
+from airlockd.sandbox.base import Sandbox
 from airlockd.state import StateDir
 from airlockd.store import Store, update_agent_in
 from airlockd.withheld import learn as learn_withheld
@@ -55,8 +43,6 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str], None]  # (stage, message)
 Listener = Callable[[str, dict[str, Any]], None]  # (event, payload): "runStatus", "agentStatus"
-AGENT_UID = (1000, 1000)
-OUTPUT_TAIL_BYTES = 64 * 1024
 LEARN_FRESH_S = 5.0
 
 
@@ -93,8 +79,8 @@ class Service:
         self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
         self.learn_withheld(lowest)
         self.review = Review(self)
-        self._recover_journals()
-        self._reconcile()
+        recovery.recover_journals(self)
+        recovery.reconcile(self)
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -294,7 +280,7 @@ class Service:
             raise StateError(f"run {rec.id} is {rec.state.value}, not admitted")
 
         def own(r: RunRecord) -> None:
-            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
+            r.owner_pid, r.owner_start = os.getpid(), recovery.process_start(os.getpid())
 
         rec = self.store.update_run(rec.id, own)
         run_dir = self.state.run_dir(rec.id)
@@ -302,14 +288,14 @@ class Service:
         prompt = prompt_file.read_text()
         self.redactor.learn(prompt)
         try:
-            rec = self._stage(rec, progress)
-            exit_info = self._contain(rec, prompt, progress)
+            rec = execution.stage(self, rec, progress)
+            exit_info = execution.contain(self, rec, prompt, progress)
             rec = self.store.get_run(rec.id)
-            ended = self._ending(rec, exit_info)
+            ended = execution.ending(self, rec, exit_info)
             if ended is not None:
                 self.keep_for_inspection(ended)
                 return ended
-            return self._inspect(rec, progress)
+            return execution.inspect(self, rec, progress)
         except Exception as exc:
             rec = self.store.get_run(rec.id)
             if rec.state.live:
@@ -332,24 +318,25 @@ class Service:
             raise StateError(f"run {rec.id} is {rec.state.value}, not running")
 
         def own(r: RunRecord) -> None:
-            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
+            r.owner_pid, r.owner_start = os.getpid(), recovery.process_start(os.getpid())
 
         rec = self.store.update_run(rec.id, own)
         self.audit.append("recovery.reattached", run=rec.id, agent=rec.agent, policy=rec.policy_revision)
         limits = self.policy.agent(rec.agent).limits
         try:
-            info = self._watch(
+            info = execution.watch(
+                self,
                 rec,
                 lambda on_output: self.sandbox.attach(
                     rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
                 ),
             )
             rec = self.store.get_run(rec.id)
-            ended = self._ending(rec, info)
+            ended = execution.ending(self, rec, info)
             if ended is not None:
                 self.keep_for_inspection(ended)
                 return ended
-            return self._inspect(rec, progress)
+            return execution.inspect(self, rec, progress)
         except Exception as exc:
             rec = self.store.get_run(rec.id)
             if rec.state.live:
@@ -360,282 +347,6 @@ class Service:
         finally:
             for name in ("prompt.raw", "prompt"):
                 (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
-
-    def _stage(self, rec: RunRecord, progress: Progress) -> RunRecord:
-        rec = self.transition(rec, RunState.STAGING)
-        progress("staging", "copying the workspace without withheld files")
-        staging = self.state.run_dir(rec.id) / "staging"
-        owner = AGENT_UID if os.getuid() == 0 else None
-        growth = self.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20
-        capped = capfs.available() is None
-        if capped:
-            capfs.mount(staging)
-        else:
-            self.audit.append(
-                "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
-            )
-        stager, why = stagers.choose(self.state.root)
-        clearance = self.policy.clearance_for(rec.agent)
-        mirror: dict[str, Any] = {}
-        if stager == stagers.OVERLAY:  # the mirror refreshed, a fresh upper layer on the capped tmpfs
-            view = mirror_for(self.state.root, clearance).refresh(
-                self.workspace,
-                self.policy,
-                clearance,
-                owner=owner,
-                redactor=self.redactor,
-                run_id=rec.id,
-                is_live=self._run_live,
-            )
-            result, lay = view.result, stagers.layout(staging, view.tree)
-            stagers.prepare(lay, owner)
-            stagers.write_meta(self.state.run_dir(rec.id), stager, why, view)
-            mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
-            screening.classify_labels(self, rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
-        else:
-            result = stage(self.workspace, staging, self.policy, clearance, owner=owner, redactor=self.redactor)
-            stagers.write_meta(self.state.run_dir(rec.id), stager, why)
-            screening.classify_labels(self, rec, staging, result)
-        if capped:  # the agent may add `growth` bytes to what was staged, and not one more
-            capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
-        save_manifest(result.base, self.state.run_dir(rec.id) / "base.json")
-        withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
-        # the live tree as the agent's copy was taken: evidence that it stays put while proposed
-        if stager == stagers.OVERLAY:  # the refresh just established it: no second read of the tree
-            tree = stagers.live_tree_of(self.workspace, result)
-        else:
-            tree = live_tree(self.workspace, [w["path"] for w in withheld])
-        self.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
-        withheld = self.redactor.value(withheld)
-        for w in withheld:
-            self.audit.append("stage.withheld", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **w)
-        self.audit.append(
-            "stage.done",
-            run=rec.id,
-            agent=rec.agent,
-            policy=rec.policy_revision,
-            files=result.files,
-            bytes=result.bytes,
-            withheld=len(withheld),
-            skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
-            stager=stager,
-            stager_why=why,
-            mirror=mirror or None,
-        )
-        staged = capfs.used_bytes(staging) if capped else result.bytes
-
-        def record(r: RunRecord) -> None:
-            r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
-            r.stager = stager
-
-        return self.store.update_run(rec.id, record)
-
-    def _contain(self, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
-        cfg = self.policy.agent(rec.agent)
-        run_dir = self.state.run_dir(rec.id)
-        inv = agent_wiring.prepare(self, rec, cfg, prompt)  # opens the run's model gateway if it has one
-        uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
-        user = f"{uid}:{gid}"
-        spec = ContainerSpec(
-            run_id=rec.id,
-            image=self.image_for(rec.agent),
-            argv=inv.argv,
-            workspace=stagers.staged_root(run_dir),
-            limits=cfg.limits,
-            stdin_file=inv.stdin_file,
-            env=inv.env,
-            mounts=inv.mounts,
-            user=user,
-            labels={"airlockd.workspace": str(self.workspace), "airlockd.agent": rec.agent},
-            workspace_overlay=self._overlay_volume(run_dir),
-        )
-        self.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
-        progress("running", f"agent {rec.agent} running in {spec.image}")
-        self.audit.append(
-            "container.starting",
-            run=rec.id,
-            agent=rec.agent,
-            policy=rec.policy_revision,
-            image=spec.image,
-            network=spec.network,
-            user=spec.user,
-            limits=spec.limits.model_dump(),
-        )
-        try:
-            return self._watch(rec, lambda on_output: self.sandbox.run(spec, on_output))
-        finally:
-            agent_wiring.finish(self, rec)  # the run's token stops working with its container
-
-    def _watch(self, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:
-        """Run or re-attach to the container with live sampling, then record what it did."""
-        cfg = self.policy.agent(rec.agent)
-        run_dir = self.state.run_dir(rec.id)
-        usage = self.store.get_agent(rec.agent)
-        budget = cfg.admission.max_tokens
-        monitor = RunMonitor(
-            self.sandbox,
-            rec.id,
-            cfg.limits,
-            staging=run_dir / "staging",
-            staged_bytes=rec.staged_bytes,
-            tokens_left=max(0, budget - usage.tokens_used) if budget else None,
-            publish=lambda sample: self._publish_sample(rec.id, sample),
-            tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
-        ).start()
-        gateway_runs.attach(rec.id, monitor)
-        try:
-            found = start(monitor.on_output)
-        finally:
-            monitor.finish()
-            stagers.release(run_dir, self._run_live)  # the container (and its overlay) is gone
-        if found is None:
-            raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
-        info = found
-        self._monitors[rec.id] = monitor
-        self._record_usage(rec, monitor)
-        tail = self.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
-        (run_dir / "output.log").write_text(tail)
-        container = {
-            "id": info.container_id[:12],
-            "image": rec.container.get("image"),
-            "exit_code": info.exit_code,
-            "oom_killed": info.oom_killed,
-            "duration_s": round(info.duration_s, 3),
-            "effective": info.effective,
-        }
-
-        def record(r: RunRecord) -> None:
-            r.container, r.output_bytes = container, info.output_bytes
-
-        self.store.update_run(rec.id, record)
-        # what the engine says the container really ran with: network, capabilities, limits
-        self.audit.append(
-            "container.effective", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **info.effective
-        )
-        self.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
-        return info
-
-    def _publish_sample(self, run_id: str, sample: dict[str, Any]) -> None:
-        """Persist one live sample (peaks, output, tokens) and announce it."""
-
-        def keep(r: RunRecord) -> None:
-            r.peak = sample["peak"]
-            r.output_bytes, r.tokens, r.growth_bytes = sample["output_bytes"], sample["tokens"], sample["growth_bytes"]
-
-        rec = self.store.update_run(run_id, keep)
-        self.emit("runStatus", self.run_status(rec, sample))
-
-    def _record_usage(self, rec: RunRecord, monitor: RunMonitor) -> None:
-        """Final figures of a run, and its tokens counted against the agent's budget."""
-
-        def keep(r: RunRecord) -> None:
-            r.peak = dict(monitor.peak)
-            r.tokens = monitor.tokens
-            r.tokens_source = "gateway" if monitor.tokens_from == "gateway" else "agent adapter report"
-            r.growth_bytes = monitor.growth_bytes
-
-        self.store.update_run(rec.id, keep)
-        if monitor.tokens:
-            self.store.update_agent(rec.agent, lambda u: setattr(u, "tokens_used", u.tokens_used + monitor.tokens))
-            self.emit("agentStatus", self.agent_status(rec.agent))
-
-    def _ending(self, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
-        """The run's end when the container was stopped, killed or hit a limit; else None."""
-        monitor = self._monitors.pop(rec.id, None)
-        hit = monitor.limit_hit(info) if monitor else None
-        asked = info.stopped or rec.stop_kind  # the request may have come from another process
-        if asked and (hit is None or rec.stop_kind):  # a person's request, not our token stop
-            state = RunState.STOPPED if asked == "stop" else RunState.KILLED
-            return self.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
-        if hit is not None:
-            self.audit.append(
-                "limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump()
-            )
-            rec = self.transition(
-                rec,
-                RunState.LIMIT_EXCEEDED,
-                f"{hit.limit}: {hit.measured} > {hit.allowed}",
-                limit=hit,
-            )
-            self._count_violation(rec)
-            return rec
-        self.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
-        return None
-
-    def _count_violation(self, rec: RunRecord) -> None:
-        threshold = self.policy.agent(rec.agent).admission.quarantine_after
-
-        def bump(u: Any) -> None:
-            u.consecutive_violations += 1
-            if u.consecutive_violations >= threshold and not u.quarantined:
-                u.quarantined = True
-                u.reason = f"{u.consecutive_violations} consecutive limit violations, the last in run {rec.id}"
-
-        usage = self.store.update_agent(rec.agent, bump)
-        self.emit("agentStatus", self.agent_status(rec.agent))
-        if usage.quarantined:
-            self.audit.append(
-                "agent.quarantined",
-                run=rec.id,
-                agent=rec.agent,
-                policy=rec.policy_revision,
-                reason=usage.reason,
-            )
-
-    def _inspect(self, rec: RunRecord, progress: Progress) -> RunRecord:
-        rec = self.transition(rec, RunState.INSPECTING)
-        progress("inspecting", "hashing the staging copy")
-        run_dir = self.state.run_dir(rec.id)
-        base = load_manifest(run_dir / "base.json")
-        changes = stagers.inspect_run(run_dir, base)  # from the upper layer, or a full rescan
-        withheld = {w["path"] for w in rec.withheld}
-        files = []
-        for c in classify(changes, self.policy, withheld, base=base.keys()):
-            state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
-            files.append(
-                FileReview(
-                    path=c.change.path,
-                    change=c.change.change.value,
-                    decision=c.decision,
-                    rule=c.rule,
-                    reason=c.reason,
-                    state=state,
-                    before=c.change.before.to_json() if c.change.before else None,
-                    after=c.change.after.to_json() if c.change.after else None,
-                )
-            )
-            self.audit.append(
-                "classify",
-                run=rec.id,
-                agent=rec.agent,
-                policy=rec.policy_revision,
-                path=c.change.path,
-                change=c.change.change.value,
-                decision=c.decision.value,
-                rule=c.rule,
-            )
-        files = screening.screen_changes(self, rec, files)
-        self.review.keep_base_blobs(rec.id, files)
-        for f in files:
-            if f.state is FileState.CONFLICTED:
-                self.audit.append(
-                    "conflict",
-                    run=rec.id,
-                    agent=rec.agent,
-                    policy=rec.policy_revision,
-                    path=f.path,
-                    why="the live file changed between staging and inspection",
-                )
-        rec = self.store.update_run(rec.id, lambda r: setattr(r, "files", files))
-        summary = f"{len(files)} changes: " + ", ".join(
-            f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
-        )
-        rec = self.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
-        if rec.mode == Mode.AUTO.value:
-            auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
-            if auto:
-                rec = self.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
-        return self.review.settle(rec.id)
 
     # -- evidence hooks -----------------------------------------------------------------------
 
@@ -676,20 +387,6 @@ class Service:
             after=tree["sha256"],
             unchanged=before == tree["sha256"],
         )
-
-    def _run_live(self, run_id: str) -> bool:
-        """Whether a run may still have its overlay mounted (its mirror generation is in use)."""
-        try:
-            return self.store.get_run(run_id).state.live
-        except Exception:
-            return False
-
-    def _overlay_volume(self, run_dir: Path) -> OverlayVolume | None:
-        meta = stagers.meta(run_dir)
-        if meta.get("stager") != stagers.OVERLAY:
-            return None
-        lay = stagers.layout(run_dir / "staging", Path(str(meta["lower"])))
-        return OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)
 
     # -- stop / kill --------------------------------------------------------------------------
 
@@ -751,136 +448,14 @@ class Service:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def _recover_journals(self) -> None:
-        for r in recover(self.workspace, self.state.journal, self.state.backups):
-            self.audit.append(
-                "commit.recovered",
-                policy=self.loaded.revision,
-                outcome=r.outcome,
-                txid=r.txid,
-                paths=r.paths,
-                verified=r.verified,
-            )
-
-    def _reconcile(self) -> None:
-        """A live run whose executing process is gone is reaped and recorded as failed; never
-        silently forgotten. Its staging copy is kept for inspection."""
-        for rec in self.store.list_runs():
-            if not rec.state.live or rec.owner_pid is None or _alive(rec.owner_pid, rec.owner_start):
-                continue
-            reaped = "no container was started"
-            if rec.state is RunState.RUNNING and self._reattach(rec):
-                continue
-            if rec.state is RunState.RUNNING:
-                try:
-                    n = self.sandbox.reap(rec.id)
-                    reaped = f"{n} container(s) killed and removed" if n else "its container was already gone"
-                except EngineError as exc:
-                    reaped = f"its container could not be reaped: {exc.message}"
-            why = (
-                f"the airlockd process running it (pid {rec.owner_pid}) ended while it was {rec.state.value}; {reaped}"
-            )
-            self.audit.append(
-                "recovery.reconciled",
-                run=rec.id,
-                agent=rec.agent,
-                policy=rec.policy_revision,
-                was=rec.state.value,
-                pid=rec.owner_pid,
-                reaped=reaped,
-            )
-            for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
-                (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
-            self.keep_for_inspection(self.transition(rec, RunState.FAILED, why, error=why))
+    # -- recovery (airlockd/recovery.py) ------------------------------------------------------
 
     def sweep(self) -> dict[str, int]:
-        """Reap what no live run owns: airlockd's containers of runs that are over (or unknown),
-        staging copies of decided runs, run folders without a run. Runs before a new run starts
-        and when the daemon starts; a stopped or failed run keeps its staging for inspection."""
-        runs = {r.id: r for r in self.store.list_runs()}
-        containers = 0
-        try:
-            for run_id in self.sandbox.labelled_runs(str(self.workspace)):
-                if run_id not in runs or not runs[run_id].state.live:
-                    containers += self.sandbox.reap(run_id)
-        except EngineError as exc:
-            log.warning("could not look for orphaned containers: %s", exc.message)
-        decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
-        folders = staging = 0
-        for run_dir in sorted(self.state.runs.iterdir()) if self.state.runs.is_dir() else []:
-            rec = runs.get(run_dir.name)
-            if rec is None:
-                if capfs.is_mount(run_dir / "staging"):
-                    capfs.unmount(run_dir / "staging")
-                shutil.rmtree(run_dir, ignore_errors=True)
-                folders += 1
-            elif rec.state in decided and (run_dir / "staging").exists():
-                self.cleanup_staging(rec)
-                staging += 1
-        swept = {"containers": containers, "run_folders": folders, "staging_copies": staging}
-        if any(swept.values()):
-            self.audit.append("recovery.swept", policy=self.loaded.revision, swept=swept)
-        return swept
-
-    def _reattach(self, rec: RunRecord) -> bool:
-        """Hand a still-running container of a dead process to a new background process that
-        keeps enforcing its limits (`airlockd _execute --resume`). False if nothing runs."""
-        try:
-            running = self.sandbox.stats(rec.id) is not None
-        except EngineError:
-            return False
-        if not running:
-            return False
-
-        def claim(r: RunRecord) -> None:  # ours until the new process claims it for itself
-            r.owner_pid, r.owner_start = os.getpid(), _process_start(os.getpid())
-
-        self.store.update_run(rec.id, claim)
-        log_file = self.state.run_dir(rec.id) / "daemon.log"
-        with log_file.open("ab") as err:
-            subprocess.Popen(
-                [sys.executable, "-m", "airlockd", "--workspace", str(self.workspace), "_execute", "--resume", rec.id],
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        return True
+        """Reap what no live run owns; see `recovery.sweep`."""
+        return recovery.sweep(self)
 
     def keep_for_inspection(self, rec: RunRecord) -> None:
-        """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
-        it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
-        staging = self.state.run_dir(rec.id) / "staging"
-        stagers.release(staging.parent, self._run_live)
-        if not capfs.is_mount(staging):
-            return
-        kept = staging.with_name("staging.kept")
-        kept.mkdir(exist_ok=True)
-        subprocess.run(["cp", "-a", f"{staging}/.", str(kept)], check=False, capture_output=True)
-        capfs.unmount(staging)
-        staging.rmdir()
-        kept.rename(staging)
+        recovery.keep_for_inspection(self, rec)
 
     def cleanup_staging(self, rec: RunRecord) -> None:
-        """Drop a finished run's staging copy (and its capped filesystem)."""
-        staging = self.state.run_dir(rec.id) / "staging"
-        stagers.release(staging.parent, self._run_live)
-        if capfs.is_mount(staging):
-            capfs.unmount(staging)
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _process_start(pid: int) -> int | None:
-    """The start time of a process in clock ticks since boot (None if there is no such process):
-    with the pid, it names one process even after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has ended
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    now = _process_start(pid)
-    return now is not None and (start is None or now == start)
+        recovery.cleanup_staging(self, rec)

@@ -27,13 +27,14 @@ import pytest
 from test_bench_stage import _change_ten_files
 from treegen import Tree, big_tree
 
+from airlockd.execution import AGENT_UID
 from airlockd.pipeline import overlay, stagers
 from airlockd.pipeline.mirror import Mirror
 from airlockd.pipeline.staging import inspect, stage
 from airlockd.policy import Level, load_policy
 from airlockd.sandbox import capfs, volumes
 from airlockd.sandbox.base import OverlayVolume
-from airlockd.service import AGENT_UID, Service
+from airlockd.service import Service
 
 ROUNDS = 3
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

@@ -324,7 +324,7 @@ def test_stop_reaches_the_agent_through_docker_init(sandbox: DockerSandbox, run:
     sandbox.stop(run_id, grace_s=10)
     took = time.monotonic() - t0
     t.join(20)
-    assert took < 3, f"SIGTERM was not forwarded to the agent (took {took:.1f} s)"
+    assert took < 8, f"SIGTERM was not forwarded to the agent (took {took:.1f} s; the grace is 10 s)"
     assert (result["info"].stopped, result["info"].exit_code) == ("stop", 143)
 
 
@@ -341,7 +341,7 @@ def test_kill_and_stats(sandbox: DockerSandbox, run: Callable[..., ExitInfo]) ->
     t0 = time.monotonic()
     sandbox.kill(run_id)
     t.join(20)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 8  # generous: a busy CI machine; the point is no grace period
     assert (result["info"].stopped, result["info"].exit_code) == ("kill", 137)
     assert sandbox.stats(run_id) is None
 

@@ -1,0 +1,337 @@
+"""Executing one admitted run: stage the workspace, contain the agent (sampling it live),
+record how it ended, then inspect and classify what it changed. The service sequences these
+steps and owns the state machine; each step persists through `svc.transition` and the store."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airlockd import screening
+from airlockd.agents import wiring as agent_wiring
+from airlockd.containment import RunMonitor
+from airlockd.errors import EngineError
+from airlockd.evidence import live_tree
+from airlockd.gateway import runs as gateway_runs
+from airlockd.pipeline import stagers
+from airlockd.pipeline.classify import classify
+from airlockd.pipeline.manifest import load_manifest, save_manifest
+from airlockd.pipeline.mirror import mirror_for
+from airlockd.pipeline.staging import stage as copy_stage
+from airlockd.policy import Decision, Mode
+from airlockd.records import (
+    FileReview,
+    FileState,
+    RunRecord,
+    RunState,
+)
+from airlockd.sandbox import capfs
+from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
+
+if TYPE_CHECKING:
+    from airlockd.service import Progress, Service
+
+log = logging.getLogger(__name__)
+
+AGENT_UID = (1000, 1000)  # the agent's user in the runtime image; staging copies are given to it as root
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+
+def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
+    rec = svc.transition(rec, RunState.STAGING)
+    progress("staging", "copying the workspace without withheld files")
+    staging = svc.state.run_dir(rec.id) / "staging"
+    owner = AGENT_UID if os.getuid() == 0 else None
+    growth = svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20
+    capped = capfs.available() is None
+    if capped:
+        capfs.mount(staging)
+    else:
+        svc.audit.append(
+            "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
+        )
+    stager, why = stagers.choose(svc.state.root)
+    clearance = svc.policy.clearance_for(rec.agent)
+    mirror: dict[str, Any] = {}
+    if stager == stagers.OVERLAY:  # the mirror refreshed, a fresh upper layer on the capped tmpfs
+        view = mirror_for(svc.state.root, clearance).refresh(
+            svc.workspace,
+            svc.policy,
+            clearance,
+            owner=owner,
+            redactor=svc.redactor,
+            run_id=rec.id,
+            is_live=lambda run_id: run_live(svc, run_id),
+        )
+        result, lay = view.result, stagers.layout(staging, view.tree)
+        stagers.prepare(lay, owner)
+        stagers.write_meta(svc.state.run_dir(rec.id), stager, why, view)
+        mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
+        screening.classify_labels(svc, rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
+    else:
+        result = copy_stage(svc.workspace, staging, svc.policy, clearance, owner=owner, redactor=svc.redactor)
+        stagers.write_meta(svc.state.run_dir(rec.id), stager, why)
+        screening.classify_labels(svc, rec, staging, result)
+    if capped:  # the agent may add `growth` bytes to what was staged, and not one more
+        capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
+    save_manifest(result.base, svc.state.run_dir(rec.id) / "base.json")
+    withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
+    # the live tree as the agent's copy was taken: evidence that it stays put while proposed
+    if stager == stagers.OVERLAY:  # the refresh just established it: no second read of the tree
+        tree = stagers.live_tree_of(svc.workspace, result)
+    else:
+        tree = live_tree(svc.workspace, [w["path"] for w in withheld])
+    svc.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
+    withheld = svc.redactor.value(withheld)
+    for w in withheld:
+        svc.audit.append("stage.withheld", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **w)
+    svc.audit.append(
+        "stage.done",
+        run=rec.id,
+        agent=rec.agent,
+        policy=rec.policy_revision,
+        files=result.files,
+        bytes=result.bytes,
+        withheld=len(withheld),
+        skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
+        stager=stager,
+        stager_why=why,
+        mirror=mirror or None,
+    )
+    staged = capfs.used_bytes(staging) if capped else result.bytes
+
+    def record(r: RunRecord) -> None:
+        r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
+        r.stager = stager
+
+    return svc.store.update_run(rec.id, record)
+
+
+def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
+    cfg = svc.policy.agent(rec.agent)
+    run_dir = svc.state.run_dir(rec.id)
+    inv = agent_wiring.prepare(svc, rec, cfg, prompt)  # opens the run's model gateway if it has one
+    uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
+    user = f"{uid}:{gid}"
+    spec = ContainerSpec(
+        run_id=rec.id,
+        image=svc.image_for(rec.agent),
+        argv=inv.argv,
+        workspace=stagers.staged_root(run_dir),
+        limits=cfg.limits,
+        stdin_file=inv.stdin_file,
+        env=inv.env,
+        mounts=inv.mounts,
+        user=user,
+        labels={"airlockd.workspace": str(svc.workspace), "airlockd.agent": rec.agent},
+        workspace_overlay=overlay_volume(svc, run_dir),
+    )
+    svc.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
+    progress("running", f"agent {rec.agent} running in {spec.image}")
+    svc.audit.append(
+        "container.starting",
+        run=rec.id,
+        agent=rec.agent,
+        policy=rec.policy_revision,
+        image=spec.image,
+        network=spec.network,
+        user=spec.user,
+        limits=spec.limits.model_dump(),
+    )
+    try:
+        return watch(svc, rec, lambda on_output: svc.sandbox.run(spec, on_output))
+    finally:
+        agent_wiring.finish(svc, rec)  # the run's token stops working with its container
+
+
+def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:
+    """Run or re-attach to the container with live sampling, then record what it did."""
+    cfg = svc.policy.agent(rec.agent)
+    run_dir = svc.state.run_dir(rec.id)
+    usage = svc.store.get_agent(rec.agent)
+    budget = cfg.admission.max_tokens
+    monitor = RunMonitor(
+        svc.sandbox,
+        rec.id,
+        cfg.limits,
+        staging=run_dir / "staging",
+        staged_bytes=rec.staged_bytes,
+        tokens_left=max(0, budget - usage.tokens_used) if budget else None,
+        publish=lambda sample: publish_sample(svc, rec.id, sample),
+        tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
+    ).start()
+    gateway_runs.attach(rec.id, monitor)
+    try:
+        found = start(monitor.on_output)
+    finally:
+        monitor.finish()
+        stagers.release(run_dir, lambda run_id: run_live(svc, run_id))  # the container (and its overlay) is gone
+    if found is None:
+        raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
+    info = found
+    svc._monitors[rec.id] = monitor
+    record_usage(svc, rec, monitor)
+    tail = svc.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
+    (run_dir / "output.log").write_text(tail)
+    container = {
+        "id": info.container_id[:12],
+        "image": rec.container.get("image"),
+        "exit_code": info.exit_code,
+        "oom_killed": info.oom_killed,
+        "duration_s": round(info.duration_s, 3),
+        "effective": info.effective,
+    }
+
+    def record(r: RunRecord) -> None:
+        r.container, r.output_bytes = container, info.output_bytes
+
+    svc.store.update_run(rec.id, record)
+    # what the engine says the container really ran with: network, capabilities, limits
+    svc.audit.append("container.effective", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **info.effective)
+    svc.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
+    return info
+
+
+def publish_sample(svc: Service, run_id: str, sample: dict[str, Any]) -> None:
+    """Persist one live sample (peaks, output, tokens) and announce it."""
+
+    def keep(r: RunRecord) -> None:
+        r.peak = sample["peak"]
+        r.output_bytes, r.tokens, r.growth_bytes = sample["output_bytes"], sample["tokens"], sample["growth_bytes"]
+
+    rec = svc.store.update_run(run_id, keep)
+    svc.emit("runStatus", svc.run_status(rec, sample))
+
+
+def record_usage(svc: Service, rec: RunRecord, monitor: RunMonitor) -> None:
+    """Final figures of a run, and its tokens counted against the agent's budget."""
+
+    def keep(r: RunRecord) -> None:
+        r.peak = dict(monitor.peak)
+        r.tokens = monitor.tokens
+        r.tokens_source = "gateway" if monitor.tokens_from == "gateway" else "agent adapter report"
+        r.growth_bytes = monitor.growth_bytes
+
+    svc.store.update_run(rec.id, keep)
+    if monitor.tokens:
+        svc.store.update_agent(rec.agent, lambda u: setattr(u, "tokens_used", u.tokens_used + monitor.tokens))
+        svc.emit("agentStatus", svc.agent_status(rec.agent))
+
+
+def ending(svc: Service, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
+    """The run's end when the container was stopped, killed or hit a limit; else None."""
+    monitor = svc._monitors.pop(rec.id, None)
+    hit = monitor.limit_hit(info) if monitor else None
+    asked = info.stopped or rec.stop_kind  # the request may have come from another process
+    if asked and (hit is None or rec.stop_kind):  # a person's request, not our token stop
+        state = RunState.STOPPED if asked == "stop" else RunState.KILLED
+        return svc.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
+    if hit is not None:
+        svc.audit.append("limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump())
+        rec = svc.transition(
+            rec,
+            RunState.LIMIT_EXCEEDED,
+            f"{hit.limit}: {hit.measured} > {hit.allowed}",
+            limit=hit,
+        )
+        count_violation(svc, rec)
+        return rec
+    svc.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
+    return None
+
+
+def count_violation(svc: Service, rec: RunRecord) -> None:
+    threshold = svc.policy.agent(rec.agent).admission.quarantine_after
+
+    def bump(u: Any) -> None:
+        u.consecutive_violations += 1
+        if u.consecutive_violations >= threshold and not u.quarantined:
+            u.quarantined = True
+            u.reason = f"{u.consecutive_violations} consecutive limit violations, the last in run {rec.id}"
+
+    usage = svc.store.update_agent(rec.agent, bump)
+    svc.emit("agentStatus", svc.agent_status(rec.agent))
+    if usage.quarantined:
+        svc.audit.append(
+            "agent.quarantined",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            reason=usage.reason,
+        )
+
+
+def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
+    rec = svc.transition(rec, RunState.INSPECTING)
+    progress("inspecting", "hashing the staging copy")
+    run_dir = svc.state.run_dir(rec.id)
+    base = load_manifest(run_dir / "base.json")
+    changes = stagers.inspect_run(run_dir, base)  # from the upper layer, or a full rescan
+    withheld = {w["path"] for w in rec.withheld}
+    files = []
+    for c in classify(changes, svc.policy, withheld, base=base.keys()):
+        state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
+        files.append(
+            FileReview(
+                path=c.change.path,
+                change=c.change.change.value,
+                decision=c.decision,
+                rule=c.rule,
+                reason=c.reason,
+                state=state,
+                before=c.change.before.to_json() if c.change.before else None,
+                after=c.change.after.to_json() if c.change.after else None,
+            )
+        )
+        svc.audit.append(
+            "classify",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            path=c.change.path,
+            change=c.change.change.value,
+            decision=c.decision.value,
+            rule=c.rule,
+        )
+    files = screening.screen_changes(svc, rec, files)
+    svc.review.keep_base_blobs(rec.id, files)
+    for f in files:
+        if f.state is FileState.CONFLICTED:
+            svc.audit.append(
+                "conflict",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                path=f.path,
+                why="the live file changed between staging and inspection",
+            )
+    rec = svc.store.update_run(rec.id, lambda r: setattr(r, "files", files))
+    summary = f"{len(files)} changes: " + ", ".join(
+        f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
+    )
+    rec = svc.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
+    if rec.mode == Mode.AUTO.value:
+        auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
+        if auto:
+            rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
+    return svc.review.settle(rec.id)
+
+
+def run_live(svc: Service, run_id: str) -> bool:
+    """Whether a run may still have its overlay mounted (its mirror generation is in use)."""
+    try:
+        return svc.store.get_run(run_id).state.live
+    except Exception:
+        return False
+
+
+def overlay_volume(svc: Service, run_dir: Path) -> OverlayVolume | None:
+    meta = stagers.meta(run_dir)
+    if meta.get("stager") != stagers.OVERLAY:
+        return None
+    lay = stagers.layout(run_dir / "staging", Path(str(meta["lower"])))
+    return OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)

@@ -1,0 +1,165 @@
+"""Recovery: commits interrupted by a crash, runs whose process died (re-attached or recorded as
+failed), and what no live run owns (containers, run folders, staging copies)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airlockd import execution
+from airlockd.errors import EngineError
+from airlockd.pipeline import stagers
+from airlockd.pipeline.commit import recover
+from airlockd.records import (
+    RunRecord,
+    RunState,
+)
+from airlockd.sandbox import capfs
+
+if TYPE_CHECKING:
+    from airlockd.service import Service
+
+log = logging.getLogger(__name__)
+
+
+def recover_journals(svc: Service) -> None:
+    for r in recover(svc.workspace, svc.state.journal, svc.state.backups):
+        svc.audit.append(
+            "commit.recovered",
+            policy=svc.loaded.revision,
+            outcome=r.outcome,
+            txid=r.txid,
+            paths=r.paths,
+            verified=r.verified,
+        )
+
+
+def reconcile(svc: Service) -> None:
+    """A live run whose executing process is gone is reaped and recorded as failed; never
+    silently forgotten. Its staging copy is kept for inspection."""
+    for rec in svc.store.list_runs():
+        if not rec.state.live or rec.owner_pid is None or alive(rec.owner_pid, rec.owner_start):
+            continue
+        reaped = "no container was started"
+        if rec.state is RunState.RUNNING and reattach(svc, rec):
+            continue
+        if rec.state is RunState.RUNNING:
+            try:
+                n = svc.sandbox.reap(rec.id)
+                reaped = f"{n} container(s) killed and removed" if n else "its container was already gone"
+            except EngineError as exc:
+                reaped = f"its container could not be reaped: {exc.message}"
+        why = f"the airlockd process running it (pid {rec.owner_pid}) ended while it was {rec.state.value}; {reaped}"
+        svc.audit.append(
+            "recovery.reconciled",
+            run=rec.id,
+            agent=rec.agent,
+            policy=rec.policy_revision,
+            was=rec.state.value,
+            pid=rec.owner_pid,
+            reaped=reaped,
+        )
+        for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
+            (svc.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+        keep_for_inspection(svc, svc.transition(rec, RunState.FAILED, why, error=why))
+
+
+def sweep(svc: Service) -> dict[str, int]:
+    """Reap what no live run owns: airlockd's containers of runs that are over (or unknown),
+    staging copies of decided runs, run folders without a run. Runs before a new run starts
+    and when the daemon starts; a stopped or failed run keeps its staging for inspection."""
+    runs = {r.id: r for r in svc.store.list_runs()}
+    containers = 0
+    try:
+        for run_id in svc.sandbox.labelled_runs(str(svc.workspace)):
+            if run_id not in runs or not runs[run_id].state.live:
+                containers += svc.sandbox.reap(run_id)
+    except EngineError as exc:
+        log.warning("could not look for orphaned containers: %s", exc.message)
+    decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
+    folders = staging = 0
+    for run_dir in sorted(svc.state.runs.iterdir()) if svc.state.runs.is_dir() else []:
+        rec = runs.get(run_dir.name)
+        if rec is None:
+            if capfs.is_mount(run_dir / "staging"):
+                capfs.unmount(run_dir / "staging")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            folders += 1
+        elif rec.state in decided and (run_dir / "staging").exists():
+            cleanup_staging(svc, rec)
+            staging += 1
+    swept = {"containers": containers, "run_folders": folders, "staging_copies": staging}
+    if any(swept.values()):
+        svc.audit.append("recovery.swept", policy=svc.loaded.revision, swept=swept)
+    return swept
+
+
+def reattach(svc: Service, rec: RunRecord) -> bool:
+    """Hand a still-running container of a dead process to a new background process that
+    keeps enforcing its limits (`airlockd _execute --resume`). False if nothing runs."""
+    try:
+        running = svc.sandbox.stats(rec.id) is not None
+    except EngineError:
+        return False
+    if not running:
+        return False
+
+    def claim(r: RunRecord) -> None:  # ours until the new process claims it for itself
+        r.owner_pid, r.owner_start = os.getpid(), process_start(os.getpid())
+
+    svc.store.update_run(rec.id, claim)
+    log_file = svc.state.run_dir(rec.id) / "daemon.log"
+    with log_file.open("ab") as err:
+        subprocess.Popen(
+            [sys.executable, "-m", "airlockd", "--workspace", str(svc.workspace), "_execute", "--resume", rec.id],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    return True
+
+
+def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
+    """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
+    it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
+    staging = svc.state.run_dir(rec.id) / "staging"
+    stagers.release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    if not capfs.is_mount(staging):
+        return
+    kept = staging.with_name("staging.kept")
+    kept.mkdir(exist_ok=True)
+    subprocess.run(["cp", "-a", f"{staging}/.", str(kept)], check=False, capture_output=True)
+    capfs.unmount(staging)
+    staging.rmdir()
+    kept.rename(staging)
+
+
+def cleanup_staging(svc: Service, rec: RunRecord) -> None:
+    """Drop a finished run's staging copy (and its capped filesystem)."""
+    staging = svc.state.run_dir(rec.id) / "staging"
+    stagers.release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    if capfs.is_mount(staging):
+        capfs.unmount(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of a process in clock ticks since boot (None if there is no such process):
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has ended
+
+
+def alive(pid: int, start: int | None) -> bool:
+    now = process_start(pid)
+    return now is not None and (start is None or now == start)

@@ -25,7 +25,7 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor)
     """Register the values of every path-withheld text file (by withhold pattern or a label above
     `clearance`) with `redactor`; the relative paths read."""
     above = [p for p, lvl in policy.labels.items() if lvl.rank > clearance.rank and not p.startswith("!")]
-    above_spec = pathspec.PathSpec.from_lines("gitwildmatch", above)
+    above_spec = pathspec.PathSpec.from_lines("gitignore", above)
     withheld_dirs: list[str] = []
 
     def hit(rel: str, is_dir: bool) -> bool:

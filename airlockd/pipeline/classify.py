@@ -86,7 +86,7 @@ class _AnyPattern:
 
     def __init__(self, patterns: Iterable[str]) -> None:
         positive = [p for p in patterns if not p.startswith("!")]
-        spec = pathspec.PathSpec.from_lines("gitwildmatch", positive)
+        spec = pathspec.PathSpec.from_lines("gitignore", positive)
         self.regexes = [
             re.compile(r.pattern, re.IGNORECASE)
             for r in (getattr(p, "regex", None) for p in spec.patterns)

@@ -262,7 +262,7 @@ class _AnyPattern:
     (a workspace may withhold more, never less)."""
 
     def __init__(self, patterns: Iterable[str]) -> None:
-        self.spec = pathspec.PathSpec.from_lines("gitwildmatch", [p for p in patterns if not p.startswith("!")])
+        self.spec = pathspec.PathSpec.from_lines("gitignore", [p for p in patterns if not p.startswith("!")])
         self.regex: re.Pattern[str] | None = None
         regexes = [getattr(p, "regex", None) for p in self.spec.patterns if getattr(p, "include", None)]
         if all(isinstance(r, re.Pattern) and isinstance(r.pattern, str) for r in regexes):

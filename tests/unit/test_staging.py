@@ -533,4 +533,4 @@ def test_the_fast_pattern_matcher_agrees_with_pathspec(parts: list[str], is_dir:
     path = "/".join(parts) + ("/" if is_dir else "")
     fast = staging._AnyPattern(PATTERNS)
     assert fast.regex is not None
-    assert fast(path) == pathspec.PathSpec.from_lines("gitwildmatch", PATTERNS).match_file(path)
+    assert fast(path) == pathspec.PathSpec.from_lines("gitignore", PATTERNS).match_file(path)

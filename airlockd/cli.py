@@ -92,8 +92,23 @@ def cmd_run(args: argparse.Namespace) -> Any:
 
 
 def cmd_execute(args: argparse.Namespace) -> Any:
+    """The process that carries one run (started by `run` without --wait, and by the daemon).
+    With --events it reports every Service event and progress step as a JSON line on stdout (the
+    daemon relays them to the editor) and prints nothing else there."""
     svc = _service(args)
-    return svc.resume(args.run) if args.resume else svc.execute(args.run)
+    if not args.events:
+        return svc.resume(args.run) if args.resume else svc.execute(args.run)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
+
+    def send(line: dict[str, Any]) -> None:
+        out.write(json.dumps(line, default=str) + "\n")
+        out.flush()
+
+    svc.subscribe(lambda event, payload: send({"event": event, "payload": payload}))
+    progress = lambda stage, message: send({"progress": stage, "message": svc.redactor.text(message)})  # noqa: E731
+    svc.resume(args.run, progress) if args.resume else svc.execute(args.run, progress)
+    return None
 
 
 def cmd_runs(args: argparse.Namespace) -> Any:
@@ -336,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("_execute", parents=[common])
     sp.set_defaults(fn=cmd_execute)
     sp.add_argument("--resume", action="store_true")
+    sp.add_argument("--events", action="store_true")
     sp.add_argument("run")
     add("runs", cmd_runs, "list runs")
     add("show", cmd_show, "one run with its changes, decisions and evidence").add_argument("run")

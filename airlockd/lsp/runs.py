@@ -1,16 +1,18 @@
-"""A run in the background: execute() on the run pool, work-done progress for staging, running and
-inspecting (cancel = stop), resource samples, and a message when it is proposed or ends badly."""
+"""A run in the background, in its own process: work-done progress for staging, running and
+inspecting (cancel = stop), its status events relayed, and a message when it is proposed or ends
+badly."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
 from typing import Any
 
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
-from airlockd.errors import AirlockError
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.records import FileState, RunRecord, RunState
@@ -89,36 +91,69 @@ class RunProgress:
 
 
 async def execute(ls: AirlockServer, run_id: str) -> None:
-    """Take an admitted run to its end in the background; the client hears of every step."""
-    svc = ls.service
+    """Take an admitted run to its end in the background; the client hears of every step.
+
+    The run is carried by its own process (`airlockd _execute --events`): copying, hashing and
+    the container's watch never compete with this loop for the interpreter, so requests stay fast
+    while a big workspace is staged. Its Service events and progress come back as JSON lines and
+    are relayed as if they were this process's own."""
     progress = RunProgress(ls, run_id)
     await progress.begin()
-
-    def on_progress(stage: str, message: str) -> None:  # the run's thread
-        ls.from_thread(progress.report, stage, message)
-
-    sampler = ls.spawn(status.sample_while_running(ls, run_id), name=f"sample {run_id}")
-    loop = asyncio.get_running_loop()
-    error: str | None = None
+    svc = ls.service
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "airlockd",
+        "--workspace",
+        str(svc.workspace),
+        "_execute",
+        "--events",
+        run_id,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    ls.run_processes[run_id] = proc
+    errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     try:
-        await loop.run_in_executor(ls.run_pool, svc.execute, run_id, on_progress)
-    except AirlockError as exc:
-        error = exc.message
-    except Exception as exc:  # the Service recorded it; the person still needs to hear of it
-        log.exception("run %s failed", run_id)
-        error = str(exc)
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                log.warning("run %s: not an event line: %r", run_id, raw[:200])
+                continue
+            if "event" in line:
+                status.on_event(ls, line["event"], line["payload"])
+            elif "progress" in line:
+                progress.report(line["progress"], line.get("message", ""))
+        code = await proc.wait()
     finally:
-        sampler.cancel()
-        ls.sampled.pop(run_id, None)
+        ls.run_processes.pop(run_id, None)
+    tail = await errors
     rec = await ls.call(svc.store.get_run, run_id)
     progress.end(rec.state.value)
     said = outcome(rec)
     if said is not None:
         ls.show(said[1], said[0])
-    elif error:
-        ls.show(f"airlock: run {run_id}: {error}", types.MessageType.Error)
+    elif code != 0:
+        ls.show(
+            f"airlock: run {run_id} ended with an error: {svc.redactor.text(tail) or code}", types.MessageType.Error
+        )
     if rec.state is not RunState.PROPOSED:  # proposed was pushed when the state changed
         ls.spawn(status.push_proposal(ls, run_id), name=f"proposal {run_id}")
+
+
+async def _drain_stderr(proc: asyncio.subprocess.Process, run_id: str) -> str:
+    """The run process's log lines go to this daemon's log; the last one explains a failure."""
+    last = ""
+    assert proc.stderr is not None
+    async for raw in proc.stderr:
+        text = raw.decode("utf-8", "replace").rstrip()
+        if text:
+            log.info("run %s: %s", run_id, text)
+            last = text
+    return last
 
 
 def live_runs(ls: AirlockServer) -> list[Any]:

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from lsprotocol import types
@@ -36,8 +35,7 @@ class AirlockServer(LanguageServer):
         # watcher never judges a file between a commit and the record of it.
         self.decisions = threading.Lock()
         # Runs hold a thread for minutes; they get their own pool so requests never queue behind them.
-        self.run_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="airlock-run")
-        self.sampled: dict[str, float] = {}  # run id -> when its last runStatus was sent
+        self.run_processes: dict[str, asyncio.subprocess.Process] = {}  # run id -> the process carrying it
         self.on_proposal_change: list[Callable[[str], None]] = []  # watching, codelens refresh
         self.run_list: Any = None  # commands.RunList, made on first use
 

@@ -7,9 +7,7 @@ is sent (the protocol's writer is not thread-safe).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Any
 
 from airlockd.errors import AirlockError
@@ -22,7 +20,6 @@ log = logging.getLogger(__name__)
 RUN_STATUS = "airlock/runStatus"
 AGENT_STATUS = "airlock/agentStatus"
 PROPOSAL = "airlock/proposal"
-SAMPLE_EVERY_S = 1.0
 
 
 def setup(server: AirlockServer) -> None:
@@ -57,27 +54,3 @@ async def push_proposal(ls: AirlockServer, run_id: str) -> None:
         log.warning("no proposal to push for %s: %s", run_id, exc.message)
         return
     ls.notify(PROPOSAL, payload)
-
-
-async def sample_while_running(ls: AirlockServer, run_id: str) -> None:
-    """`airlock/runStatus` with CPU and memory at most once a second while the container runs.
-    A sample takes the engine about a second; it runs in a thread."""
-    svc = ls.service
-    while True:
-        rec = await ls.call(svc.store.get_run, run_id)
-        if not rec.state.live:
-            return
-        if rec.state is not RunState.RUNNING:
-            await asyncio.sleep(0.25)
-            continue
-        sample = await ls.call(svc.sandbox.stats, run_id)
-        rec = await ls.call(svc.store.get_run, run_id)
-        if rec.state is not RunState.RUNNING:
-            continue
-        wait = ls.sampled.get(run_id, 0.0) + SAMPLE_EVERY_S - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        ls.sampled[run_id] = time.monotonic()
-        ls.notify(RUN_STATUS, svc.run_status(rec, sample or {}))
-        if sample is None:
-            await asyncio.sleep(SAMPLE_EVERY_S)

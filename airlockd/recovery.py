@@ -100,13 +100,14 @@ def sweep(svc: Service) -> dict[str, int]:
 
 
 def reattach(svc: Service, rec: RunRecord) -> bool:
-    """Hand a still-running container of a dead process to a new background process that
-    keeps enforcing its limits (`airlockd _execute --resume`). False if nothing runs."""
+    """Hand the container of a dead process to a new background process that keeps enforcing
+    its limits, or reads how it ended, and proposes the result (`airlockd _execute --resume`).
+    False when the run has no container."""
     try:
-        running = svc.sandbox.stats(rec.id) is not None
+        exists = rec.id in svc.sandbox.labelled_runs(str(svc.workspace))
     except EngineError:
         return False
-    if not running:
+    if not exists:
         return False
 
     def claim(r: RunRecord) -> None:  # ours until the new process claims it for itself

@@ -34,7 +34,7 @@ from airlockd.records import (
 )
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.review import Review
-from airlockd.sandbox.base import Sandbox
+from airlockd.sandbox.base import ExitInfo, Sandbox
 from airlockd.state import StateDir
 from airlockd.store import Store, update_agent_in
 from airlockd.withheld import learn as learn_withheld
@@ -275,23 +275,52 @@ class Service:
 
     def execute(self, run_id: str, progress: Progress = _noop) -> RunRecord:
         """Take an admitted run to `proposed` (or to the state that ended it). Blocking."""
+        rec = self._claim(run_id, RunState.ADMITTED)
+        prompt = (self.state.run_dir(rec.id) / "prompt.raw").read_text()
+        self.redactor.learn(prompt)
+
+        def run() -> ExitInfo:
+            staged = execution.stage(self, rec, progress)
+            return execution.contain(self, staged, prompt, progress)
+
+        return self._carry(rec, run, progress)
+
+    def resume(self, run_id: str, progress: Progress = _noop) -> RunRecord:
+        """Take over a running run whose process died: keep enforcing its limits on the live
+        container, then inspect and propose it as `execute` would have. Blocking."""
+        rec = self._claim(run_id, RunState.RUNNING)
+        self.audit.append("recovery.reattached", run=rec.id, agent=rec.agent, policy=rec.policy_revision)
+        limits = self.policy.agent(rec.agent).limits
+
+        def run() -> ExitInfo:
+            return execution.watch(
+                self,
+                rec,
+                lambda on_output: self.sandbox.attach(
+                    rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
+                ),
+            )
+
+        return self._carry(rec, run, progress)
+
+    def _claim(self, run_id: str, expected: RunState) -> RunRecord:
+        """This process carries the run from now on (so a later start knows whether it lives)."""
         rec = self.store.get_run(run_id)
-        if rec.state is not RunState.ADMITTED:
-            raise StateError(f"run {rec.id} is {rec.state.value}, not admitted")
+        if rec.state is not expected:
+            raise StateError(f"run {rec.id} is {rec.state.value}, not {expected.value}")
 
         def own(r: RunRecord) -> None:
             r.owner_pid, r.owner_start = os.getpid(), recovery.process_start(os.getpid())
 
-        rec = self.store.update_run(rec.id, own)
-        run_dir = self.state.run_dir(rec.id)
-        prompt_file = run_dir / "prompt.raw"
-        prompt = prompt_file.read_text()
-        self.redactor.learn(prompt)
+        return self.store.update_run(rec.id, own)
+
+    def _carry(self, rec: RunRecord, run: Callable[[], ExitInfo], progress: Progress) -> RunRecord:
+        """Run the container part, then end the run (stopped, killed, over a limit) or inspect
+        and propose it. A failure is recorded on the run; the unredacted prompt never outlives it."""
         try:
-            rec = execution.stage(self, rec, progress)
-            exit_info = execution.contain(self, rec, prompt, progress)
+            info = run()
             rec = self.store.get_run(rec.id)
-            ended = execution.ending(self, rec, exit_info)
+            ended = execution.ending(self, rec, info)
             if ended is not None:
                 self.keep_for_inspection(ended)
                 return ended
@@ -305,44 +334,6 @@ class Service:
                 self.keep_for_inspection(rec)
             if isinstance(exc, EngineError | PolicyError):
                 raise
-            return rec
-        finally:
-            prompt_file.unlink(missing_ok=True)
-            (run_dir / "prompt").unlink(missing_ok=True)
-
-    def resume(self, run_id: str, progress: Progress = _noop) -> RunRecord:
-        """Take over a running run whose process died: keep enforcing its limits on the live
-        container, then inspect and propose it as `execute` would have. Blocking."""
-        rec = self.store.get_run(run_id)
-        if rec.state is not RunState.RUNNING:
-            raise StateError(f"run {rec.id} is {rec.state.value}, not running")
-
-        def own(r: RunRecord) -> None:
-            r.owner_pid, r.owner_start = os.getpid(), recovery.process_start(os.getpid())
-
-        rec = self.store.update_run(rec.id, own)
-        self.audit.append("recovery.reattached", run=rec.id, agent=rec.agent, policy=rec.policy_revision)
-        limits = self.policy.agent(rec.agent).limits
-        try:
-            info = execution.watch(
-                self,
-                rec,
-                lambda on_output: self.sandbox.attach(
-                    rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
-                ),
-            )
-            rec = self.store.get_run(rec.id)
-            ended = execution.ending(self, rec, info)
-            if ended is not None:
-                self.keep_for_inspection(ended)
-                return ended
-            return execution.inspect(self, rec, progress)
-        except Exception as exc:
-            rec = self.store.get_run(rec.id)
-            if rec.state.live:
-                msg = self.redactor.text(str(exc))
-                rec = self.transition(rec, RunState.FAILED, msg, error=msg)
-                self.keep_for_inspection(rec)
             return rec
         finally:
             for name in ("prompt.raw", "prompt"):

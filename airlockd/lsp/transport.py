@@ -231,7 +231,7 @@ def serve_tcp(server: Any, state: StateDir, host: str, port: int) -> None:
         listening.append(listener)
         bound = listener.sockets[0].getsockname()[1]
         write_info(state, host, bound)
-        print(f"airlockd: serving {state.workspace} on {host}:{bound}; token in {token_path(state)}", file=sys.stderr)
+        sys.stderr.write(f"airlockd: serving {state.workspace} on {host}:{bound}; token in {token_path(state)}\n")
         async with listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener.serve_forever()

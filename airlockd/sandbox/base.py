@@ -112,7 +112,8 @@ class Sandbox(Protocol):
         output_so_far: int = 0,
         on_output: Callable[[bytes], None] | None = None,
     ) -> ExitInfo | None:
-        """Keep watching a running container another (dead) process started; None if none runs."""
+        """Keep watching (or read how it ended) the container another, dead, process started;
+        None when the run has no container."""
         ...
 
     def labelled_runs(self, workspace: str) -> list[str]:

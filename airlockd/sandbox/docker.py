@@ -149,18 +149,25 @@ class DockerSandbox:
     ) -> ExitInfo | None:
         """Take over watching a run's container that an earlier process started (after that
         process died): the same wall-time and output limits from where they stood, and removal
-        at the end. None when no container of the run is running."""
-        running = [c for c in self._find(run_id) if c.status == "running"]
-        if not running:
+        at the end. A container that already exited is read as it ended (its output since the
+        other process died is lost). None when the run has no container."""
+        found = self._find(run_id)
+        if not found:
             return None
-        container = running[0]
+        container = found[0]
         effective = _effective(container.attrs)
-        started_at = container.attrs.get("State", {}).get("StartedAt", "")
-        elapsed = _since(started_at)
-        started = time.monotonic() - elapsed
+        state = container.attrs.get("State", {})
+        ran = _since(state.get("StartedAt", ""))
+        if container.status != "running":  # how long it ran, not how long ago it started
+            ran -= _since(state.get("FinishedAt", ""))
+        started = time.monotonic() - ran
         out = _Output(limits.output_bytes, total=output_so_far)  # earlier output counts against the cap
         try:
-            reader = self._start_reader(container, out, on_output)
+            if container.status == "running":
+                reader = self._start_reader(container, out, on_output)
+            else:
+                reader = threading.Thread(target=lambda: None)
+                reader.start()
             return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader)
         finally:
             self._remove(run_id, container)

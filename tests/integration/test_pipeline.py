@@ -200,17 +200,26 @@ def test_background_run_then_stop_or_kill_from_another_process(
     assert code == 1  # a stopped run has nothing to approve
 
 
-def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The executing process dies while the agent runs: the next command hands the live container
-    to a new process that keeps enforcing its limits and proposes the result."""
+@pytest.mark.parametrize("agent_s", [4, 1])
+def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.CaptureFixture[str], agent_s: int) -> None:
+    """The executing process dies while the agent runs: the next command hands the container to a
+    new process that keeps enforcing its limits (or, when the agent has finished meanwhile, reads
+    how it ended) and proposes the result."""
     import signal
     import time
 
-    code, run = cli(ws, "run", "--agent", "bot", "sleep 4; echo done > done.txt", capsys=capsys)
+    import docker
+
+    code, run = cli(ws, "run", "--agent", "bot", f"sleep {agent_s}; echo done > done.txt", capsys=capsys)
     assert code == 0 and isinstance(run, dict)
     running = _wait_state(ws, run["id"], {"running"}, capsys)
+    client = docker.from_env()
+    deadline = time.monotonic() + 30  # `running` is recorded just before the container is created
+    while not client.containers.list(filters={"label": f"airlockd.run={run['id']}", "status": "running"}):
+        assert time.monotonic() < deadline, "the run's container never started"
+        time.sleep(0.1)
     os.kill(running["owner_pid"], signal.SIGKILL)  # dies without cleaning up
-    time.sleep(0.5)
+    time.sleep(0.5 if agent_s > 1 else 3)  # the short agent has exited by the time anyone looks
     final = _wait_state(ws, run["id"], {"proposed", "failed"}, capsys)  # `show` reconciles
     assert final["state"] == "proposed", final.get("error")
     assert [f["path"] for f in final["files"]] == ["done.txt"]

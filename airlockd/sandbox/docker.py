@@ -91,6 +91,7 @@ class DockerSandbox:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._requested: dict[str, str] = {}  # run_id -> "stop" / "kill", asked in this process
+        self._handled: set[str] = set()  # runs whose container the stop/kill itself reached
 
     @property
     def client(self) -> docker.DockerClient:
@@ -129,7 +130,9 @@ class DockerSandbox:
             reader = self._start_reader(container, out, on_output)
             with _engine(f"starting the container for run {spec.run_id}"):
                 container.start()
-            if self._asked(spec.run_id) is not None:  # stop/kill raced with start: it still wins
+            with self._lock:  # a stop/kill that came before the container could be found still wins
+                missed = spec.run_id in self._requested and spec.run_id not in self._handled
+            if missed:
                 self._kill_quietly(container)
             return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader)
         finally:
@@ -138,6 +141,7 @@ class DockerSandbox:
                 volumes.remove(self.client, spec.run_id)
             with self._lock:
                 self._requested.pop(spec.run_id, None)
+                self._handled.discard(spec.run_id)
 
     def attach(
         self,
@@ -175,6 +179,7 @@ class DockerSandbox:
             volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             with self._lock:
                 self._requested.pop(run_id, None)
+                self._handled.discard(run_id)
 
     def _follow(
         self,
@@ -214,7 +219,10 @@ class DockerSandbox:
         """
         with self._lock:
             self._requested.setdefault(run_id, "stop")
-        for c in self._find(run_id):
+        found = self._find(run_id)
+        with self._lock:  # reached only if it was already running: a created one is killed at start
+            self._handled.update([run_id] if any(c.status == "running" for c in found) else [])
+        for c in found:
             with _engine(f"stopping run {run_id}"), _gone_is_fine():
                 c.stop(timeout=max(0, math.ceil(grace_s)))
 
@@ -222,7 +230,10 @@ class DockerSandbox:
         """SIGKILL the run's container now. A run not yet started is never started."""
         with self._lock:
             self._requested[run_id] = "kill"
-        for c in self._find(run_id):
+        found = self._find(run_id)
+        with self._lock:  # reached only if it was already running: a created one is killed at start
+            self._handled.update([run_id] if any(c.status == "running" for c in found) else [])
+        for c in found:
             self._kill_quietly(c)
 
     def reap(self, run_id: str) -> int:

@@ -9,7 +9,8 @@ STAMP   := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v python3 >/dev/null || (apt-get update -qq && apt-get install -y -qq python3 python3-venv)
+	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq python3 python3-venv)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

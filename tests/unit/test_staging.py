@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from airlockd.pipeline import stagers, staging
 from airlockd.pipeline.manifest import ChangeKind, Kind, scan
-from airlockd.pipeline.staging import SecretScanner, StagingError, inspect, link_escapes, scan_tree, stage
+from airlockd.pipeline.secretscan import SecretScanner
+from airlockd.pipeline.staging import StagingError, inspect, link_escapes, scan_tree, stage
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import DETECTORS, Redactor
 
@@ -134,7 +135,7 @@ def test_every_default_detector_has_a_sample_and_a_live_anchor(policy: Policy) -
     assert set(policy.withhold.detectors) <= set(SAMPLES)
     scanner = SecretScanner(policy.withhold.detectors)
     # An anchor whose pattern digest no longer matches redact.DETECTORS falls back to running the
-    # full regex on every file: still correct, but slow. Update staging._ANCHORS when this fails.
+    # full regex on every file: still correct, but slow. Update secretscan._ANCHORS when this fails.
     assert scanner.unanchored == []
     for name, text in SAMPLES.items():
         assert DETECTORS[name].search(text), name

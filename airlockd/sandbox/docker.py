@@ -92,6 +92,7 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._requested: dict[str, str] = {}  # run_id -> "stop" / "kill", asked in this process
         self._handled: set[str] = set()  # runs whose container the stop/kill itself reached
+        self._grace: dict[str, float] = {}  # run_id -> the grace its stop asked for
 
     @property
     def client(self) -> docker.DockerClient:
@@ -130,10 +131,14 @@ class DockerSandbox:
             reader = self._start_reader(container, out, on_output)
             with _engine(f"starting the container for run {spec.run_id}"):
                 container.start()
-            with self._lock:  # a stop/kill that came before the container could be found still wins
-                missed = spec.run_id in self._requested and spec.run_id not in self._handled
-            if missed:
+            with self._lock:  # a stop/kill that could not reach the container yet still wins
+                missed = self._requested.get(spec.run_id) if spec.run_id not in self._handled else None
+                grace = self._grace.get(spec.run_id, 0.0)
+            if missed == "kill":
                 self._kill_quietly(container)
+            elif missed == "stop":  # the same graceful stop it asked for, not a kill
+                with _engine(f"stopping run {spec.run_id}"), _gone_is_fine():
+                    container.stop(timeout=max(0, math.ceil(grace)))
             return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader)
         finally:
             self._remove(spec.run_id, container)
@@ -142,6 +147,7 @@ class DockerSandbox:
             with self._lock:
                 self._requested.pop(spec.run_id, None)
                 self._handled.discard(spec.run_id)
+                self._grace.pop(spec.run_id, None)
 
     def attach(
         self,
@@ -180,6 +186,7 @@ class DockerSandbox:
             with self._lock:
                 self._requested.pop(run_id, None)
                 self._handled.discard(run_id)
+                self._grace.pop(run_id, None)
 
     def _follow(
         self,
@@ -219,6 +226,7 @@ class DockerSandbox:
         """
         with self._lock:
             self._requested.setdefault(run_id, "stop")
+            self._grace[run_id] = grace_s
         found = self._find(run_id)
         with self._lock:  # reached only if it was already running: a created one is killed at start
             self._handled.update([run_id] if any(c.status == "running" for c in found) else [])

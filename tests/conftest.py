@@ -32,6 +32,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def _image() -> None:
+    """The runtime image, built once per session when absent (a Docker test asks for it)."""
+    import docker
+
+    from airlockd.sandbox.image import ensure_image
+
+    ensure_image(docker.from_env())
+
+
 @pytest.fixture(autouse=True)
 def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own airlockd state root, outside any workspace it creates."""

@@ -52,15 +52,6 @@ def nvim() -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
-
-
 def workspace(root: Path) -> Path:
     ws = root / "project"
     (ws / "src").mkdir(parents=True)

@@ -81,15 +81,6 @@ USER_SETTINGS = {
 
 
 @pytest.fixture(scope="module")
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
-
-
-@pytest.fixture(scope="module")
 def code_server() -> str:
     """The code-server launcher (Node 24 + code-server + chromium, installed into a cache once)."""
     out = subprocess.run(["bash", str(ENSURE)], capture_output=True, text=True, timeout=1500)

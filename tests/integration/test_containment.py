@@ -21,14 +21,7 @@ from airlockd.errors import AdmissionRejected
 from airlockd.sandbox.docker import DockerSandbox
 from airlockd.service import Service
 
-pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 
 def policy(limits: str = "", admission: str = "") -> str:

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from scripted_model import Reply, ScriptedModel, message, usage
 
 from airlockd.records import RunState
 from airlockd.service import Service
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 REAL_KEY = "sk-proj-GATEWAYTEST0123456789abcdefXYZ"
 KEY_ENV = "AIRLOCK_TEST_UPSTREAM_KEY"
@@ -70,13 +69,6 @@ for pid in os.listdir("/proc"):
 out["seen_hex"] = (env + "\n".join(cmdlines)).encode().hex()
 print("RESULT " + json.dumps(out), flush=True)
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from airlockd.pipeline.stagers import proposed_path
 from airlockd.service import Service
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 POLICY = """
 [agents.bot]
@@ -22,15 +22,6 @@ workspace_growth_mb = {growth}
 [agents.bot.admission]
 max_tokens = {tokens}
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
 
 
 def workspace(tmp_path: Path, growth: int = 8, tokens: int = 0) -> Service:

@@ -13,7 +13,7 @@ import pytest
 
 from airlockd.cli import main
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 AGENT = textwrap.dedent(
     """
@@ -24,15 +24,6 @@ AGENT = textwrap.dedent(
     wall_time_s = 60
     """
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from airlockd.redact import shannon_entropy
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 AGENT = textwrap.dedent(
     """
@@ -37,15 +37,6 @@ AGENT = textwrap.dedent(
 )
 ALNUM = string.ascii_letters + string.digits
 UPPER = string.ascii_uppercase + string.digits
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
 
 
 def _s(alphabet: str, n: int) -> st.SearchStrategy[str]:

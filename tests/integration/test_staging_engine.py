@@ -18,7 +18,7 @@ from airlockd.pipeline.stagers import proposed_path
 from airlockd.records import RunState
 from airlockd.service import Service
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 POLICY = textwrap.dedent(
     """
@@ -29,15 +29,6 @@ POLICY = textwrap.dedent(
     wall_time_s = 60
     """
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
 
 
 @pytest.fixture

@@ -134,15 +134,6 @@ async def start_client(ws: Path, state: Path, caps: str) -> LanguageClient:
     return client
 
 
-@pytest.fixture(scope="module")
-def _image() -> None:
-    import docker
-
-    from airlockd.sandbox.image import ensure_image
-
-    ensure_image(docker.from_env())
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["visual-studio-code", "neovim"])
 async def client(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _image: None

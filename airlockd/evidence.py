@@ -9,13 +9,12 @@ before the first approve / reject touches anything.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airlockd.pipeline.manifest import scan
+from airlockd.pipeline.treedigest import SCHEME, TreeDigest
 from airlockd.records import RunRecord, RunState
 
 if TYPE_CHECKING:
@@ -29,19 +28,30 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def live_tree(workspace: Path, excluded: list[str]) -> dict[str, Any]:
-    """Digest of the live tree: SHA-256 over the sorted (path, type, mode, size, content SHA-256
-    or link target) of every node, withheld paths (and what is under them) left out."""
+    """Digest of the live tree: the Merkle digest (`treedigest`, scheme `SCHEME`) of the type,
+    mode, size, content SHA-256 or link target of every node, withheld paths (and what is under
+    them) left out."""
     skip_set = {p.rstrip("/") for p in excluded}
 
     def skip(rel: str, is_dir: bool) -> bool:
         return rel in skip_set or any(_under(rel, p) for p in skip_set if p)
 
     manifest = scan(workspace, skip)
-    h = hashlib.sha256()
-    for path in sorted(manifest):
-        h.update(json.dumps([path, manifest[path].to_json()], sort_keys=True, separators=(",", ":")).encode())
-        h.update(b"\n")
-    return {"sha256": h.hexdigest(), "entries": len(manifest), "at": round(time.time(), 3)}
+    digest = TreeDigest.of(manifest).hexdigest()
+    return {"sha256": digest, "entries": len(manifest), "scheme": SCHEME, "at": round(time.time(), 3)}
+
+
+def schemes_differ(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """Why two live-tree digests cannot be compared, or None if they can. A run staged by an older
+    airlockd kept a flat digest (no "scheme" key): comparing it with a Merkle one would report a
+    change that did not happen."""
+    a, b = before.get("scheme"), after.get("scheme")
+    if a == b:
+        return None
+    return (
+        f"the digests were taken with different schemes ({a or 'flat, older airlockd'} before,"
+        f" {b or 'flat, older airlockd'} after), so they cannot be compared"
+    )
 
 
 def _excluded(rec: RunRecord) -> list[str]:
@@ -52,7 +62,10 @@ def _workspace_proof(service: Service, rec: RunRecord) -> dict[str, Any]:
     before = rec.live_tree.get("before")
     after = rec.live_tree.get("after")
     out: dict[str, Any] = {
-        "what": "SHA-256 over path, type, mode, size and content hash of every live node, withheld paths excluded",
+        "what": (
+            "Merkle digest (SHA-256 per directory over its children's names, type, mode, size, content hash"
+            " or link target and subdirectory digests) of the live workspace, withheld paths excluded"
+        ),
         "before": before,
         "after": after,
     }
@@ -62,12 +75,18 @@ def _workspace_proof(service: Service, rec: RunRecord) -> dict[str, Any]:
         return out
     if after is None and rec.state is RunState.PROPOSED:
         out["now"] = live_tree(service.workspace, _excluded(rec))  # still proposed: measured now, not kept
+        if why := schemes_differ(before, out["now"]):
+            out["unchanged"], out["note"] = None, f"still proposed, but {why}"
+            return out
         out["unchanged"] = out["now"]["sha256"] == before["sha256"]
         out["note"] = "still proposed: compared with the live workspace as it is now"
         return out
     if after is None:
         out["unchanged"] = None
         out["note"] = "no approve or reject was made while the run was proposed"
+        return out
+    if why := schemes_differ(before, after):
+        out["unchanged"], out["note"] = None, why
         return out
     out["unchanged"] = after["sha256"] == before["sha256"]
     out["note"] = (

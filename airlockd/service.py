@@ -368,7 +368,11 @@ class Service:
                 r.live_tree = {**r.live_tree, "after": tree}
 
         self.store.update_run(rec.id, keep)
+        from airlockd.evidence import schemes_differ
+
         before = rec.live_tree["before"]["sha256"]
+        # a run staged by an older airlockd has a digest of another scheme: not comparable
+        why = schemes_differ(rec.live_tree["before"], tree)
         self.audit.append(
             "workspace.sealed",
             run=rec.id,
@@ -376,7 +380,8 @@ class Service:
             policy=rec.policy_revision,
             before=before,
             after=tree["sha256"],
-            unchanged=before == tree["sha256"],
+            unchanged=None if why else before == tree["sha256"],
+            **({"note": why} if why else {}),
         )
 
     # -- stop / kill --------------------------------------------------------------------------

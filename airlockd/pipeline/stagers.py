@@ -26,6 +26,7 @@ from airlockd.pipeline import overlay
 from airlockd.pipeline.manifest import ChangeSet, Manifest
 from airlockd.pipeline.mirror import Mirror, MirrorView
 from airlockd.pipeline.staging import StageResult, StagingError, inspect
+from airlockd.pipeline.treedigest import SCHEME, TreeDigest
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 
@@ -236,9 +237,6 @@ def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:
     without reading the workspace again: the base manifest is the live tree minus what was
     withheld (whose paths the digest leaves out too), plus the special files the stager skipped
     (looked up here; nodes that vanished are absent from both)."""
-    import hashlib
-    import time
-
     from airlockd.pipeline.manifest import entry_for
 
     nodes = dict(result.base)
@@ -248,8 +246,12 @@ def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:
                 nodes[s.path] = entry_for(workspace / s.path)
             except OSError:
                 continue
-    h = hashlib.sha256()
-    for path in sorted(nodes):
-        h.update(json.dumps([path, nodes[path].to_json()], sort_keys=True, separators=(",", ":")).encode())
-        h.update(b"\n")
-    return {"sha256": h.hexdigest(), "entries": len(nodes), "at": round(time.time(), 3)}
+    return live_tree_from(TreeDigest.of(nodes))
+
+
+def live_tree_from(digest: TreeDigest) -> dict[str, object]:
+    """The `evidence.live_tree` dict from a digest already at hand (one kept up to date as the
+    tree changes): its root digest, node count and scheme."""
+    import time
+
+    return {"sha256": digest.hexdigest(), "entries": len(digest), "scheme": SCHEME, "at": round(time.time(), 3)}

@@ -90,6 +90,38 @@ def test_withheld_files_do_not_count_in_the_live_digest(tmp_path: Path) -> None:
     assert live_tree(ws, [".env"])["sha256"] != before["sha256"]
 
 
+def test_live_digest_is_the_merkle_digest_of_the_scan(tmp_path: Path) -> None:
+    from airlockd.pipeline.manifest import scan
+    from airlockd.pipeline.treedigest import SCHEME, TreeDigest
+
+    ws = workspace(tmp_path)
+    tree = live_tree(ws, [".env"])
+    manifest = scan(ws, lambda rel, is_dir: rel == ".env")
+    assert tree["scheme"] == SCHEME and tree["entries"] == len(manifest) > 0
+    assert tree["sha256"] == TreeDigest.of(manifest).hexdigest()
+
+
+def test_a_digest_of_an_older_scheme_is_not_compared(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    svc = Service(ws, sandbox=FakeSandbox(_agent))
+    rec = _run(svc)
+
+    def as_older_airlockd_kept_it(r: RunRecord) -> None:  # a flat digest, no "scheme" key
+        r.live_tree = {"before": {"sha256": "0" * 64, "entries": 3, "at": 1.0}}
+
+    svc.store.update_run(rec.id, as_older_airlockd_kept_it)
+    proof = evidence(svc, rec.id)["workspace"]  # still proposed: measured now, another scheme
+    assert proof["unchanged"] is None and "different schemes" in proof["note"]
+    assert proof["now"]["scheme"] == "merkle-sha256-v1"
+    svc.review.reject(rec.id)
+    proof = evidence(svc, rec.id)["workspace"]
+    assert proof["after"]["scheme"] == "merkle-sha256-v1" and "scheme" not in proof["before"]
+    assert proof["unchanged"] is None and "different schemes" in proof["note"]
+    sealed = [e for e in svc.audit.events(run=rec.id) if e["kind"] == "workspace.sealed"]
+    assert len(sealed) == 1 and sealed[0]["data"]["unchanged"] is None
+    assert "different schemes" in sealed[0]["data"]["note"]
+
+
 def test_show_json_has_evidence_and_policy_show_has_the_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

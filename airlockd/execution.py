@@ -19,7 +19,7 @@ from airlockd.evidence import live_tree
 from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline import stagers
 from airlockd.pipeline.classify import classify
-from airlockd.pipeline.manifest import load_manifest, save_manifest
+from airlockd.pipeline.manifest import save_manifest
 from airlockd.pipeline.mirror import mirror_for
 from airlockd.pipeline.staging import stage as copy_stage
 from airlockd.policy import Decision, Mode
@@ -269,11 +269,11 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     rec = svc.transition(rec, RunState.INSPECTING)
     progress("inspecting", "hashing the staging copy")
     run_dir = svc.state.run_dir(rec.id)
-    base = load_manifest(run_dir / "base.json")
+    base = stagers.run_base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
     changes = stagers.inspect_run(run_dir, base)  # from the upper layer, or a full rescan
     withheld = {w["path"] for w in rec.withheld}
     files = []
-    for c in classify(changes, svc.policy, withheld, base=base.keys()):
+    for c in classify(changes, svc.policy, withheld, base=base.twins([c.path for c in changes])):
         state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
         files.append(
             FileReview(

@@ -14,20 +14,24 @@ across filesystems), so the upper layer holds, exactly:
 
 The agent cannot forge any of these: making a device needs CAP_MKNOD and setting a trusted.*
 xattr CAP_SYS_ADMIN, both dropped in the container. Hashes are computed only for what the upper
-layer holds; the base manifest is the mirror's, from its stat cache.
+layer holds and for the lower nodes those paths replace or hide: the base is asked (a
+`stagers.Base`, for a run the lower layer itself) only about the paths the upper layer touches.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Entry, Manifest, diff
 from airlockd.pipeline.staging import _O_DIR, StagingError, _entry, _walk
+
+if TYPE_CHECKING:
+    from airlockd.pipeline.stagers import Base
 
 OPAQUE = "trusted.overlay.opaque"
 # Complete copy-up (no metadata-only copies whose data stays in the lower layer), no directory
@@ -81,33 +85,29 @@ def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
     return after, whiteouts, opaque
 
 
-def _below(keys: list[str], rel: str) -> list[str]:
-    prefix = rel + "/"
-    out = []
-    for i in range(bisect.bisect_left(keys, prefix), len(keys)):
-        if not keys[i].startswith(prefix):
-            break
-        out.append(keys[i])
-    return out
+def inspect_upper(upper: Path, base: Base) -> ChangeSet:
+    """The changes from `base` (what the lower layer shows: `stagers.LowerBase`, or a manifest's
+    `stagers.ManifestBase`) that the upper layer `upper` makes.
 
-
-def inspect_upper(upper: Path, base: Manifest) -> ChangeSet:
-    """The changes from `base` (the lower layer's manifest) that the upper layer `upper` makes.
-
-    Only what the upper layer holds is read and hashed; the result equals `diff(base, merged)`
-    for the merged view (a file written back identical, or only touched, is no change)."""
+    Only what the upper layer holds is read and hashed, and the base is asked only about the
+    paths the upper layer touches (and, below a whiteout, an opaque directory or a non-directory
+    over a lower directory, what it hides); the result equals `diff(base, merged)` for the merged
+    view (a file written back identical, or only touched, is no change)."""
     after, whiteouts, opaque = scan_upper(upper)
-    keys = sorted(base)
     touched = set(after)
     for rel in whiteouts:
         touched.add(rel)
-        touched.update(_below(keys, rel))
+        touched.update(base.below(rel))
     for rel in opaque:
-        touched.update(_below(keys, rel))
+        touched.update(base.below(rel))
     for rel in list(after):  # a non-directory in upper hides whatever the lower had below it
         if after[rel].kind.value != "dir":
-            touched.update(_below(keys, rel))
-    b = {p: base[p] for p in touched if p in base}
+            touched.update(base.below(rel))
+    b: Manifest = {}
+    for p in sorted(touched):
+        e = base.get(p)
+        if e is not None:
+            b[p] = e
     a = {p: after[p] for p in touched if p in after}
     return diff(b, a)
 

@@ -6,8 +6,12 @@ with (size, mtime_ns, ctime_ns, inode, mode), its SHA-256 and its withheld verdi
 walks the workspace with the copy stager's own decisions (`staging._Stager`: the same withhold
 patterns, labels, content detectors, symlink and special-file rules) but reads, scans, hashes and
 writes a file only when its stat data differs from the cache. As in git's index, an entry whose
-mtime or ctime is not older than the stamp taken when the cache was built is "racy" and is
-re-read next time, so a write in the same clock tick as our read is never missed.
+mtime or ctime is not older than the stamp taken when it was cached is "racy": loading the cache
+invalidates it, so it is re-read next time and a write in the same clock tick as our read is
+never missed. The cache is `cache.json` (a full dump, written by a walk) plus `cache.log` (one
+JSON line per incremental refresh the daemon's keeper made, pipeline/keeper.py); loading replays
+the log over the dump, each line with its own stamp. `serial` counts refreshes that changed the
+mirror, so a keeper holding the cache in memory knows when another process refreshed it.
 
 Generations keep the mirror immutable under live runs (overlay lower layers must not change while
 mounted). A refresh never writes a file in place: a changed file is written under a temporary
@@ -83,6 +87,20 @@ class Cached:
     entry: Entry | None  # the mirror's entry; None when withheld by a content detector
     rule: str | None = None  # "detector:..." when withheld
 
+    def row(self) -> list[Any]:
+        e = self.entry
+        return [*self.key, e.mode if e else None, e.size if e else None, e.sha256 if e else None, self.rule]
+
+    @classmethod
+    def from_row(cls, row: list[Any], stamp: int) -> Cached:
+        """A cache line as stored; racy when not older than the `stamp` it was stored with (its
+        size is then made impossible, so the next look at the file reads it again)."""
+        size, mt, ct, ino, mode, emode, esize, sha, rule = row
+        entry = Entry(Kind.FILE, emode, esize, sha) if sha is not None else None
+        if max(mt, ct) >= stamp:
+            size = -1
+        return cls((size, mt, ct, ino, mode), entry, rule)
+
 
 @dataclass
 class RefreshStats:
@@ -103,16 +121,18 @@ class MirrorView:
     tree: Path
     result: StageResult
     stats: RefreshStats = field(default_factory=RefreshStats)
+    cache: dict[str, Cached] = field(default_factory=dict)  # the stat cache as this refresh left it
+    serial: int = 0
+    live_tree: dict[str, object] | None = None  # the live-tree digest, when the refresh knows it
 
 
 class _MirrorStager(_Stager):
     """`_Stager` writing into an existing mirror, skipping what the stat cache vouches for."""
 
-    def __init__(self, *args: Any, cache: dict[str, Cached], stamp: int) -> None:
+    def __init__(self, *args: Any, cache: dict[str, Cached]) -> None:
         super().__init__(*args)
         self.old = cache
         self.new: dict[str, Cached] = {}
-        self.stamp = stamp  # when `cache` was built: entries not older than this are racy
         self.stats = RefreshStats()
         self.tmp = -1  # directory fd for temporary names, beside the generations (same filesystem)
 
@@ -150,11 +170,7 @@ class _MirrorStager(_Stager):
 
     def _fresh(self, rel: str, st: os.stat_result) -> Cached | None:
         old = self.old.get(rel)
-        if old is None or old.key != _key(st):
-            return None
-        if max(st.st_mtime_ns, st.st_ctime_ns) >= self.stamp:
-            return None  # racy: changed in the tick the cache was built in, maybe after our read
-        return old
+        return old if old is not None and old.key == _key(st) else None  # racy lines never match
 
     def _copy_file(self, src: int, dst: int, name: str, rel: str) -> None:
         st = os.lstat(name, dir_fd=src)
@@ -347,24 +363,46 @@ def _open_rel(root: int, rel: str) -> int:
 
 
 def _dump(cache: dict[str, Cached], base: Manifest, digest: str, stamp: int) -> bytes:
-    files = {}
-    for rel, c in cache.items():
-        e = c.entry
-        files[rel] = [*c.key, e.mode if e else None, e.size if e else None, e.sha256 if e else None, c.rule]
+    files = {rel: c.row() for rel, c in cache.items()}
     others = {rel: [e.kind.value, e.mode, e.target] for rel, e in base.items() if e.kind is not Kind.FILE}
     return json.dumps({"format": FORMAT, "policy": digest, "stamp": stamp, "files": files, "others": others}).encode()
 
 
-def _load(raw: bytes, digest: str) -> tuple[dict[str, Cached], set[str], int] | None:
+def log_line(
+    digest: str, stamp: int, files: dict[str, Cached | None], others: dict[str, Entry | None]
+) -> bytes:
+    """One incremental refresh's changes to the cache, as a `cache.log` line."""
+    doc = {
+        "policy": digest,
+        "stamp": stamp,
+        "files": {rel: c.row() if c else None for rel, c in files.items()},
+        "others": {rel: [e.kind.value, e.mode, e.target] if e else None for rel, e in others.items()},
+    }
+    return json.dumps(doc).encode() + b"\n"
+
+
+def _load(raw: bytes, digest: str, log: bytes = b"") -> tuple[dict[str, Cached], set[str]] | None:
+    """(stat cache, paths of the mirror's directories and links) from a dump and its log; None
+    when the cache is unusable (another format or policy, damaged)."""
     try:
         d = json.loads(raw)
         if d.get("format") != FORMAT or d.get("policy") != digest:
             return None
-        cache = {}
-        for rel, (size, mt, ct, ino, mode, emode, esize, sha, rule) in d["files"].items():
-            entry = Entry(Kind.FILE, emode, esize, sha) if sha is not None else None
-            cache[rel] = Cached((size, mt, ct, ino, mode), entry, rule)
-        return cache, set(d["others"]), int(d["stamp"])
+        stamp = int(d["stamp"])
+        cache = {rel: Cached.from_row(row, stamp) for rel, row in d["files"].items()}
+        others = set(d["others"])
+        for line in log.splitlines():
+            e = json.loads(line)
+            if e.get("policy") != digest:
+                return None
+            for rel, row in e["files"].items():
+                if row is None:
+                    cache.pop(rel, None)
+                else:
+                    cache[rel] = Cached.from_row(row, int(e["stamp"]))
+            for rel, row in e["others"].items():
+                (others.discard if row is None else others.add)(rel)
+        return cache, others
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -385,7 +423,7 @@ class Mirror:
         return self.root / "refs" / f"g{generation}"
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(self.root / "lock", "a+b") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -429,58 +467,105 @@ class Mirror:
         run_id: str | None = None,
         is_live: Callable[[str], bool] = lambda run_id: True,
     ) -> MirrorView:
-        """Bring the mirror up to date with `workspace` and return the generation to use; with
-        `run_id`, that generation is referenced by the run until `release(run_id)`."""
+        """Bring the mirror up to date with `workspace` by a walk and return the generation to
+        use; with `run_id`, that generation is referenced by the run until `release(run_id)`."""
         t0 = time.monotonic()
         digest = policy_digest(policy, clearance)
-        with self._locked():
+        with self.locked():
             cur = self.current()
-            loaded = None
-            marker = self.root / "refreshing"
-            if cur is not None and not marker.exists() and self.tree(cur).is_dir():
-                try:
-                    loaded = _load((self.root / "cache.json").read_bytes(), digest)
-                except OSError:
-                    loaded = None
+            loaded = self.load_cache(digest) if cur is not None else None
             cloned = False
             if loaded is None or cur is None:
                 gen = max(self.generations(), default=0) + 1
                 cache: dict[str, Cached] = {}
                 others: set[str] = set()
-                built = 0
                 shutil.rmtree(self.tree(gen), ignore_errors=True)
             else:
-                cache, others, built = loaded
-                gen = cur
-                if self._live_refs(cur, is_live):
-                    gen = max(self.generations()) + 1
-                    self._clone(cur, gen)
-                    cloned = True
-            marker.write_bytes(str(gen).encode())
-            stamp = self._stamp()
-            stager = _MirrorStager(policy, clearance, owner, redactor, progress, cache=cache, stamp=built)
+                cache, others = loaded
+                gen, cloned = self.writable(cur, is_live)
+            self.begin(gen)
+            stamp = self.stamp()
+            stager = _MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
             self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-            (self.root / "current").write_text(str(gen))
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
-            changed = st.read or st.written or st.removed or stager.new.keys() != cache.keys()
+            changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)
             if not cache or changed:
-                atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, stamp))
-            elif kept != others:  # only directories or links came or went: the old stamp still vouches
-                atomic_write_bytes(self.root / "cache.json", _dump(stager.new, stager.result.base, digest, built))
-            marker.unlink()
-            if run_id is not None:
-                self._refs(gen).mkdir(parents=True, exist_ok=True)
-                (self._refs(gen) / run_id).touch()
-            self._collect(gen, is_live)
+                self.write_cache(_dump(stager.new, stager.result.base, digest, stamp))
+            serial = self.end(gen, changed or not cache or cloned, run_id, is_live)
         stats = stager.stats
         stats.generation, stats.cold, stats.cloned = gen, not cache, cloned
         stats.seconds = time.monotonic() - t0
-        return MirrorView(gen, self.tree(gen), stager.result, stats)
+        return MirrorView(gen, self.tree(gen), stager.result, stats, stager.new, serial)
+
+    # -- the steps of a refresh, for the walk above and the keeper's incremental one -------------
+
+    def load_cache(self, digest: str) -> tuple[dict[str, Cached], set[str]] | None:
+        """The stat cache of the current generation; None when there is none to trust (none yet,
+        another policy, or a refresh died half way)."""
+        cur = self.current()
+        if cur is None or (self.root / "refreshing").exists() or not self.tree(cur).is_dir():
+            return None
+        try:
+            raw = (self.root / "cache.json").read_bytes()
+        except OSError:
+            return None
+        try:
+            log = (self.root / "cache.log").read_bytes()
+        except FileNotFoundError:
+            log = b""
+        return _load(raw, digest, log)
+
+    def writable(self, cur: int, is_live: Callable[[str], bool]) -> tuple[int, bool]:
+        """(generation to refresh, cloned): the current one, or a hard-link clone of it when a
+        live run has it mounted (a lower layer must not change under a mounted overlay)."""
+        if not self._live_refs(cur, is_live):
+            return cur, False
+        gen = max(self.generations()) + 1
+        self._clone(cur, gen)
+        return gen, True
+
+    def begin(self, gen: int) -> None:
+        """Mark a refresh of `gen` under way: a crash before `end` makes the next one cold."""
+        (self.root / "refreshing").write_bytes(str(gen).encode())
+
+    def write_cache(self, dump: bytes) -> None:
+        atomic_write_bytes(self.root / "cache.json", dump)
+        (self.root / "cache.log").unlink(missing_ok=True)
+
+    def append_cache(self, line: bytes) -> int:
+        """Add one incremental refresh's line to `cache.log`; its size after."""
+        with open(self.root / "cache.log", "ab") as fh:
+            fh.write(line)
+            return fh.tell()
+
+    def end(self, gen: int, changed: bool, run_id: str | None, is_live: Callable[[str], bool]) -> int:
+        """Finish a refresh of `gen`: make it current, reference it for `run_id`, collect the
+        generations nobody uses. Returns the serial (bumped when the mirror changed)."""
+        (self.root / "current").write_text(str(gen))
+        serial = self.serial() + (1 if changed else 0)
+        if changed:
+            (self.root / "serial").write_text(str(serial))
+        (self.root / "refreshing").unlink()
+        if run_id is not None:
+            self.reference(gen, run_id)
+        self._collect(gen, is_live)
+        return serial
+
+    def serial(self) -> int:
+        try:
+            return int((self.root / "serial").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def reference(self, gen: int, run_id: str) -> None:
+        """Reference `gen` for `run_id` (under the lock) without a refresh."""
+        self._refs(gen).mkdir(parents=True, exist_ok=True)
+        (self._refs(gen) / run_id).touch()
 
     def release(self, run_id: str, is_live: Callable[[str], bool] = lambda run_id: True) -> None:
         """The run no longer uses its generation (its overlay is unmounted); collect old ones."""
-        with self._locked():
+        with self.locked():
             refs = self.root / "refs"
             if refs.is_dir():
                 for d in refs.iterdir():
@@ -502,7 +587,7 @@ class Mirror:
         if proc.returncode != 0:
             raise StagingError(f"cannot clone mirror generation {old}: {proc.stderr.strip()}")
 
-    def _stamp(self) -> int:
+    def stamp(self) -> int:
         """The filesystem clock now (coarse, like the timestamps it is compared with)."""
         p = self.root / "stamp"
         with open(p, "wb") as fh:

@@ -254,14 +254,23 @@ class _Stager:
         One thread on purpose: handing writes and hashes to a pool of 2-4 threads made the
         benchmark tree (tests/bench) 40-60% slower on 2 cores; the GIL hand-offs cost more than
         the system calls they overlap."""
-        stack = [(src_root, dst_root, "", iter(self._fill(src_root, dst_root, "")))]
+        self._descend(src_root, dst_root, "")
+        self._drop_escaping_links(dst_root)
+        if self.progress is not None:
+            self.progress(self.result.files, self.result.bytes)
+
+    def _descend(self, src_top: int, dst_top: int, top: str) -> None:
+        """Fill the directory `top` (open as `src_top`/`dst_top`, which the caller settles and
+        closes) and everything below it."""
+        prefix = top + "/" if top else ""
+        stack = [(src_top, dst_top, top, iter(self._fill(src_top, dst_top, prefix)))]
         try:
             while stack:
                 src, dst, rel, subdirs = stack[-1]
                 nxt = next(subdirs, None)
                 if nxt is None:
                     stack.pop()
-                    if src != src_root:
+                    if src != src_top:
                         try:
                             self._settle(dst, self.dirs[rel])
                         finally:
@@ -273,12 +282,9 @@ class _Stager:
                     stack.append((*child, nxt, iter(self._fill(*child, nxt + "/"))))
         finally:
             for src, dst, _, _ in stack:
-                if src != src_root:
+                if src != src_top:
                     os.close(src)
                     os.close(dst)
-        self._drop_escaping_links(dst_root)
-        if self.progress is not None:
-            self.progress(self.result.files, self.result.bytes)
 
     def _enter(self, src: int, dst: int, rel: str) -> tuple[int, int] | None:
         name = rel.rpartition("/")[2]

@@ -4,6 +4,7 @@ steps and owns the state machine; each step persists through `svc.transition` an
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -16,11 +17,13 @@ from airlockd.agents import wiring as agent_wiring
 from airlockd.containment import RunMonitor
 from airlockd.errors import EngineError
 from airlockd.evidence import live_tree
+from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline import stagers
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import save_manifest
-from airlockd.pipeline.mirror import mirror_for
+from airlockd.pipeline.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
+from airlockd.pipeline.staging import StageResult, Withheld
 from airlockd.pipeline.staging import stage as copy_stage
 from airlockd.policy import Decision, Mode
 from airlockd.records import (
@@ -41,16 +44,19 @@ AGENT_UID = (1000, 1000)  # the agent's user in the runtime image; staging copie
 OUTPUT_TAIL_BYTES = 64 * 1024
 
 
+def mirror_owner() -> tuple[int, int] | None:
+    """Who the staged nodes belong to: the agent's user when we can chown (root), else us."""
+    return AGENT_UID if os.getuid() == 0 else None
+
+
 def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     rec = svc.transition(rec, RunState.STAGING)
     progress("staging", "copying the workspace without withheld files")
     staging = svc.state.run_dir(rec.id) / "staging"
-    owner = AGENT_UID if os.getuid() == 0 else None
+    owner = mirror_owner()
     growth = svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20
     capped = capfs.available() is None
-    if capped:
-        capfs.mount(staging)
-    else:
+    if not capped:
         svc.audit.append(
             "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
         )
@@ -58,33 +64,44 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     clearance = svc.policy.clearance_for(rec.agent)
     mirror: dict[str, Any] = {}
     if stager == stagers.OVERLAY:  # the mirror refreshed, a fresh upper layer on the capped tmpfs
-        view = mirror_for(svc.state.root, clearance).refresh(
-            svc.workspace,
-            svc.policy,
-            clearance,
-            owner=owner,
-            redactor=svc.redactor,
-            run_id=rec.id,
-            is_live=lambda run_id: run_live(svc, run_id),
-        )
+        view = prepared_view(svc, rec, clearance)  # the daemon refreshed it before starting us
+        if view is None:
+            refresh = svc.keeper.refresh if svc.keeper is not None else _walk_mirror(svc)
+            view = refresh(
+                svc.policy,
+                clearance,
+                owner=owner,
+                redactor=svc.redactor,
+                run_id=rec.id,
+                is_live=lambda run_id: run_live(svc, run_id),
+            )
         result, lay = view.result, stagers.layout(staging, view.tree)
+        if capped:  # the upper layer holds only what the agent writes: `growth` bytes, not one more
+            capfs.mount(staging, growth, inodes=result.files + max(4096, growth // 4096))
+        else:
+            staging.mkdir(exist_ok=True)
         stagers.prepare(lay, owner)
         stagers.write_meta(svc.state.run_dir(rec.id), stager, why, view)
         mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
+        before = len(result.withheld)
         screening.classify_labels(svc, rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
+        # the live tree as the agent's copy was taken (evidence that it stays put while proposed),
+        # as the refresh established it; the model withheld more: digest without it
+        relabelled = len(result.withheld) != before
+        tree = view.live_tree if view.live_tree and not relabelled else stagers.live_tree_of(svc.workspace, result)
+        staged = capfs.used_bytes(staging) if capped else 0
     else:
+        if capped:
+            capfs.mount(staging)
         result = copy_stage(svc.workspace, staging, svc.policy, clearance, owner=owner, redactor=svc.redactor)
         stagers.write_meta(svc.state.run_dir(rec.id), stager, why)
         screening.classify_labels(svc, rec, staging, result)
-    if capped:  # the agent may add `growth` bytes to what was staged, and not one more
-        capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
-    save_manifest(result.base, svc.state.run_dir(rec.id) / "base.json")
+        if capped:  # the agent may add `growth` bytes to what was staged, and not one more
+            capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
+        save_manifest(result.base, svc.state.run_dir(rec.id) / "base.json")
+        tree = live_tree(svc.workspace, [w.path for w in result.withheld])
+        staged = capfs.used_bytes(staging) if capped else result.bytes
     withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
-    # the live tree as the agent's copy was taken: evidence that it stays put while proposed
-    if stager == stagers.OVERLAY:  # the refresh just established it: no second read of the tree
-        tree = stagers.live_tree_of(svc.workspace, result)
-    else:
-        tree = live_tree(svc.workspace, [w["path"] for w in withheld])
     svc.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
     withheld = svc.redactor.value(withheld)
     for w in withheld:
@@ -102,13 +119,76 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         stager_why=why,
         mirror=mirror or None,
     )
-    staged = capfs.used_bytes(staging) if capped else result.bytes
 
     def record(r: RunRecord) -> None:
         r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
         r.stager = stager
 
     return svc.store.update_run(rec.id, record)
+
+
+_PREPARED = "mirror-view.json"
+
+
+def prepare_view(svc: Service, run_id: str) -> None:
+    """In the daemon, before it starts the process that carries an admitted run: refresh the
+    mirror with the daemon's keeper (in proportion to what changed), reference the generation
+    for the run, and leave the view in the run's folder for `stage` to take."""
+    rec = svc.store.get_run(run_id)
+    keeper = svc.keeper
+    if keeper is None or keeper.why is not None or screening.labels_on(svc):
+        return  # the run's process walks (a label classifier needs the whole base manifest)
+    if stagers.choose(svc.state.root)[0] != stagers.OVERLAY:
+        return
+    clearance = svc.policy.clearance_for(rec.agent)
+    view = keeper.refresh(
+        svc.policy,
+        clearance,
+        owner=mirror_owner(),
+        redactor=svc.redactor,
+        run_id=rec.id,
+        is_live=lambda r: run_live(svc, r),
+    )
+    res = view.result
+    doc = {
+        "policy": policy_digest(svc.policy, clearance),
+        "generation": view.generation,
+        "tree": str(view.tree),
+        "files": res.files,
+        "bytes": res.bytes,
+        "withheld": [[w.path, w.rule] for w in res.withheld],
+        "skipped": [[s.path, s.rule] for s in res.skipped],
+        "live_tree": view.live_tree,
+        "stats": {k: v for k, v in vars(view.stats).items()},
+    }
+    atomic_write_bytes(svc.state.run_dir(rec.id) / _PREPARED, json.dumps(doc).encode())
+
+
+def prepared_view(svc: Service, rec: RunRecord, clearance: Any) -> MirrorView | None:
+    """The view `prepare_view` left for this run, when it still holds (same policy, no label
+    classifier); else None and the run refreshes the mirror itself."""
+    path = svc.state.run_dir(rec.id) / _PREPARED
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if doc.get("policy") != policy_digest(svc.policy, clearance) or screening.labels_on(svc):
+        return None  # the reference it took goes with the generation's collection
+    res = StageResult(base={}, files=doc["files"], bytes=doc["bytes"])
+    res.withheld = [Withheld(p, r) for p, r in doc["withheld"]]
+    res.skipped = [Withheld(p, r) for p, r in doc["skipped"]]
+    stats = RefreshStats(**doc["stats"])
+    return MirrorView(doc["generation"], Path(doc["tree"]), res, stats, live_tree=doc["live_tree"])
+
+
+def _walk_mirror(svc: Service) -> Callable[..., MirrorView]:
+    """A mirror refresh by a walk (a process without a keeper: the CLI, a re-attached run)."""
+
+    def refresh(policy: Any, clearance: Any, **kw: Any) -> MirrorView:
+        return mirror_for(svc.state.root, clearance).refresh(svc.workspace, policy, clearance, **kw)
+
+    return refresh
 
 
 def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
@@ -169,7 +249,6 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         found = start(monitor.on_output)
     finally:
         monitor.finish()
-        stagers.release(run_dir, lambda run_id: run_live(svc, run_id))  # the container (and its overlay) is gone
     if found is None:
         raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
     info = found

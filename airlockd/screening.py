@@ -24,6 +24,12 @@ def _classifier(svc: Service) -> Any:
     return Classifier(cfg)
 
 
+def labels_on(svc: Service) -> bool:
+    """Whether the model classifier may raise labels at staging (it reads the whole base)."""
+    cfg = svc.policy.classifier
+    return bool(cfg.enabled and cfg.labels)
+
+
 def classify_labels(
     svc: Service, rec: RunRecord, staging: Path, result: Any, hide: Callable[[str], None] | None = None
 ) -> None:

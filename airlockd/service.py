@@ -24,7 +24,8 @@ from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence import live_tree
 from airlockd.gateway import runs as gateway_runs
-from airlockd.pipeline import admission
+from airlockd.pipeline import admission, stagers
+from airlockd.pipeline.keeper import MirrorKeeper
 from airlockd.policy import Level, LoadedPolicy, Mode, load_policy
 from airlockd.records import (
     RunRecord,
@@ -77,6 +78,7 @@ class Service:
             default=self.policy.defaults.clearance,
         )
         self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
+        self.keeper: MirrorKeeper | None = None  # set by keep_mirrors() in a long-lived process
         self.learn_withheld(lowest)
         self.review = Review(self)
         recovery.recover_journals(self)
@@ -109,12 +111,31 @@ class Service:
         A walk at this clearance or a lower one (which withholds at least as much) in the last
         few seconds is current enough: a CLI command does not walk the tree twice."""
         now = time.monotonic()
+        keeper = self.keeper
+        if keeper is not None and keeper.why is None and stagers.choose(self.state.root)[0] == stagers.OVERLAY:
+            # the keeper's refresh reads exactly the withheld files that changed since the last one
+            keeper.refresh(self.policy, clearance, owner=execution.mirror_owner(), redactor=self.redactor)
+            return
         if self._learned is not None:
             when, level = self._learned
             if now - when < LEARN_FRESH_S and level.rank <= clearance.rank:
                 return
         learn_withheld(self.workspace, self.policy, clearance, self.redactor)
         self._learned = (now, clearance)
+
+    def keep_mirrors(self) -> str | None:
+        """Keep this workspace's mirrors up to date from file events, for a process that serves
+        many runs (the daemon): a run's staging then costs what changed since the last one, not
+        a walk of the tree. None when watching, else why every run walks the tree."""
+        if self.keeper is None:
+            self.keeper = MirrorKeeper(self.workspace, self.state.root)
+            why = self.keeper.start()
+            self.audit.append("mirror.keeper", watching=why is None, why=why)
+        return self.keeper.why
+
+    def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
 
     @property
     def policy(self) -> Any:
@@ -338,6 +359,9 @@ class Service:
         finally:
             for name in ("prompt.raw", "prompt"):
                 (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+            # the container and its overlay are gone, and inspection (which reads the mirror
+            # generation as the run's base) is done: the generation may be collected
+            stagers.release(self.state.run_dir(rec.id), lambda run_id: execution.run_live(self, run_id))
 
     # -- evidence hooks -----------------------------------------------------------------------
 

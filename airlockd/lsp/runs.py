@@ -13,6 +13,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
+from airlockd import execution
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.records import FileState, RunRecord, RunState
@@ -100,6 +101,10 @@ async def execute(ls: AirlockServer, run_id: str) -> None:
     progress = RunProgress(ls, run_id)
     await progress.begin()
     svc = ls.service
+    try:  # the daemon's keeper refreshes the mirror in proportion to what changed
+        await ls.call(execution.prepare_view, svc, run_id)
+    except Exception:  # the run's own process refreshes it then, and records what fails
+        log.exception("run %s: the mirror could not be prepared; the run walks the workspace", run_id)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

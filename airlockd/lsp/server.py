@@ -85,6 +85,21 @@ class AirlockServer(LanguageServer):
             fn(run_id)
 
 
+def keep_mirrors(service: Service) -> None:
+    """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
+    first run stages in proportion to what changed since, not to the size of the tree."""
+    if service.keep_mirrors() is not None:
+        return
+    from airlockd.execution import mirror_owner
+    from airlockd.pipeline import stagers
+
+    if stagers.choose(service.state.root)[0] != stagers.OVERLAY:
+        return
+    assert service.keeper is not None
+    for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
+        service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor)
+
+
 def create_server(service: Service) -> AirlockServer:
     """The server with every feature wired in."""
     from airlockd.lsp import codelens, commands, documents, status
@@ -95,10 +110,12 @@ def create_server(service: Service) -> AirlockServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
+        ls.spawn(ls.call(keep_mirrors, ls.service), name="mirror keeper")
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: AirlockServer, params: Any) -> None:
         watch.stop(ls)
+        ls.service.close()
 
     status.setup(server)
     commands.setup(server)

@@ -91,11 +91,49 @@ def cmd_run(args: argparse.Namespace) -> Any:
     return rec
 
 
+def cmd_mirror(args: argparse.Namespace) -> Any:
+    """Internal (the daemon's keeper runs its walks here, off its own interpreter): walk the
+    workspace into the mirror of one clearance and dump the mirror's whole state."""
+    from airlockd.execution import mirror_owner
+    from airlockd.pipeline.mirror import mirror_for
+    from airlockd.policy import Level, load_policy
+    from airlockd.state import StateDir
+    from airlockd.store import Store
+
+    ws = Path(args.workspace)
+    state = StateDir.for_workspace(ws).ensure()
+    store = Store(state)
+
+    def live(run_id: str) -> bool:
+        try:
+            return store.get_run(run_id).state.live
+        except Exception:
+            return False
+
+    level = Level(args.clearance)
+    policy = load_policy(ws).policy
+    view = mirror_for(state.root, level).refresh(ws, policy, level, owner=mirror_owner(), is_live=live, dump=True)
+    print(json.dumps({"generation": view.generation, "serial": view.serial, "files": view.result.files}))
+
+
+def cmd_launcher(args: argparse.Namespace) -> Any:
+    """Internal: the daemon's fork server for run processes (airlockd/launcher.py)."""
+    from airlockd.launcher import serve
+
+    return serve(args.fd, Path(args.workspace))
+
+
 def cmd_execute(args: argparse.Namespace) -> Any:
     """The process that carries one run (started by `run` without --wait, and by the daemon).
     With --events it reports every Service event and progress step as a JSON line on stdout (the
     daemon relays them to the editor) and prints nothing else there."""
-    svc = _service(args)
+    if args.values_on_stdin:  # the daemon's learned withheld values: no walk of our own
+        from airlockd.service import Service
+
+        values = json.loads(sys.stdin.read() or "[]")
+        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values])
+    else:
+        svc = _service(args)
     if not args.events:
         return svc.resume(args.run) if args.resume else svc.execute(args.run)
     out = sys.stdout
@@ -348,10 +386,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow-up", metavar="RUN")
     sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
+    sp = sub.add_parser("_launcher", parents=[common])
+    sp.set_defaults(fn=cmd_launcher)
+    sp.add_argument("--fd", type=int, required=True)
+    sp = sub.add_parser("_mirror", parents=[common])
+    sp.set_defaults(fn=cmd_mirror)
+    sp.add_argument("--clearance", required=True)
     sp = sub.add_parser("_execute", parents=[common])
     sp.set_defaults(fn=cmd_execute)
     sp.add_argument("--resume", action="store_true")
     sp.add_argument("--events", action="store_true")
+    sp.add_argument("--values-on-stdin", action="store_true")
     sp.add_argument("run")
     add("runs", cmd_runs, "list runs")
     add("show", cmd_show, "one run with its changes, decisions and evidence").add_argument("run")

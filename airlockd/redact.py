@@ -101,6 +101,11 @@ class Redactor:
                 alts = sorted(self._values, key=len, reverse=True)
                 self._values_re = re.compile("|".join(re.escape(a) for a in alts))
 
+    def values(self) -> list[str]:
+        """The registered exact values (to hand to a process this one starts, over a pipe)."""
+        with self._lock:
+            return sorted(self._values)
+
     def add_file_values(self, text: str) -> None:
         """Register the values of a withheld file (`KEY=value` lines, or the whole content)."""
         vals = []

@@ -54,7 +54,16 @@ def _noop(stage: str, message: str) -> None:
 class Service:
     """One workspace's airlockd: policy, store, audit, sandbox and the run lifecycle."""
 
-    def __init__(self, workspace: Path, *, sandbox: Sandbox | None = None, actor: str = "cli") -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        sandbox: Sandbox | None = None,
+        actor: str = "cli",
+        known_values: list[str] | None = None,
+    ) -> None:
+        """`known_values`: the withheld values the daemon that starts this process has learned
+        (handed over a pipe); they stand in for this process's own walk of the workspace."""
         self.workspace = workspace.resolve()
         if not self.workspace.is_dir():
             from airlockd.errors import UsageError
@@ -79,7 +88,11 @@ class Service:
         )
         self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
         self.keeper: MirrorKeeper | None = None  # set by keep_mirrors() in a long-lived process
-        self.learn_withheld(lowest)
+        if known_values is None:
+            self.learn_withheld(lowest)
+        else:
+            self.redactor.add(*known_values)
+            self._learned = (time.monotonic(), lowest)
         self.review = Review(self)
         recovery.recover_journals(self)
         recovery.reconcile(self)
@@ -123,12 +136,12 @@ class Service:
         learn_withheld(self.workspace, self.policy, clearance, self.redactor)
         self._learned = (now, clearance)
 
-    def keep_mirrors(self) -> str | None:
+    def keep_mirrors(self, walker: Callable[[Level], None] | None = None) -> str | None:
         """Keep this workspace's mirrors up to date from file events, for a process that serves
         many runs (the daemon): a run's staging then costs what changed since the last one, not
         a walk of the tree. None when watching, else why every run walks the tree."""
         if self.keeper is None:
-            self.keeper = MirrorKeeper(self.workspace, self.state.root)
+            self.keeper = MirrorKeeper(self.workspace, self.state.root, walker=walker)
             why = self.keeper.start()
             self.audit.append("mirror.keeper", watching=why is None, why=why)
         return self.keeper.why

@@ -13,7 +13,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
-from airlockd import execution
+from airlockd import execution, launcher
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.records import FileState, RunRecord, RunState
@@ -105,20 +105,22 @@ async def execute(ls: AirlockServer, run_id: str) -> None:
         await ls.call(execution.prepare_view, svc, run_id)
     except Exception:  # the run's own process refreshes it then, and records what fails
         log.exception("run %s: the mirror could not be prepared; the run walks the workspace", run_id)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "airlockd",
-        "--workspace",
-        str(svc.workspace),
-        "_execute",
-        "--events",
-        run_id,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    argv = launcher.argv_for(svc.workspace, run_id)
+    proc: Any = await ls.launcher.spawn(argv) if ls.launcher is not None else None  # forked: no start-up
+    if proc is None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "airlockd",
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
     ls.run_processes[run_id] = proc
+    assert proc.stdin is not None  # what this daemon has learned to mask, in memory only
+    proc.stdin.write(json.dumps(svc.redactor.values()).encode())
+    proc.stdin.close()
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     try:
         assert proc.stdout is not None

@@ -38,6 +38,7 @@ class AirlockServer(LanguageServer):
         self.run_processes: dict[str, asyncio.subprocess.Process] = {}  # run id -> the process carrying it
         self.on_proposal_change: list[Callable[[str], None]] = []  # watching, codelens refresh
         self.run_list: Any = None  # commands.RunList, made on first use
+        self.launcher: Any = None  # launcher.Launcher: forks run processes (None: each is started anew)
 
     # -- threads and tasks --------------------------------------------------------------------
 
@@ -88,16 +89,30 @@ class AirlockServer(LanguageServer):
 def keep_mirrors(service: Service) -> None:
     """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
     first run stages in proportion to what changed since, not to the size of the tree."""
-    if service.keep_mirrors() is not None:
-        return
     from airlockd.execution import mirror_owner
     from airlockd.pipeline import stagers
+    from airlockd.pipeline.keeper import walk_elsewhere
+
+    if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
+        return
 
     if stagers.choose(service.state.root)[0] != stagers.OVERLAY:
         return
     assert service.keeper is not None
     for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
         service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor)
+
+
+async def start_launcher(ls: AirlockServer) -> None:
+    from airlockd.launcher import Launcher
+
+    launcher = Launcher()
+    try:
+        await launcher.start(ls.service.workspace)
+    except OSError as exc:
+        log.warning("no launcher (each run process starts anew): %s", exc)
+        return
+    ls.launcher = launcher
 
 
 def create_server(service: Service) -> AirlockServer:
@@ -111,11 +126,15 @@ def create_server(service: Service) -> AirlockServer:
     def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
         ls.spawn(ls.call(keep_mirrors, ls.service), name="mirror keeper")
+        ls.spawn(start_launcher(ls), name="launcher")
 
     @server.feature(types.SHUTDOWN)
-    def shutdown(ls: AirlockServer, params: Any) -> None:
+    async def shutdown(ls: AirlockServer, params: Any) -> None:
         watch.stop(ls)
         ls.service.close()
+        if ls.launcher is not None:
+            await ls.launcher.stop()
+            ls.launcher = None
 
     status.setup(server)
     commands.setup(server)

@@ -176,10 +176,21 @@ class _Inconsistent(Exception):
 class MirrorKeeper:
     """The mirrors of one workspace (one per clearance) for a process that outlives its runs."""
 
-    def __init__(self, workspace: Path, state_root: Path, *, walk_every_s: float = WALK_EVERY_S) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        state_root: Path,
+        *,
+        walk_every_s: float = WALK_EVERY_S,
+        walker: Callable[[Level], None] | None = None,
+    ) -> None:
+        """`walker(clearance)`, when given, makes the mirror current by a walk in another process
+        and leaves a whole dump (`Mirror.refresh(dump=True)`): the daemon's walks then never hold
+        its interpreter for seconds (it only loads the result). Without it, walks run here."""
         self.workspace = workspace
         self.state_root = state_root
         self.walk_every_s = walk_every_s
+        self.walker = walker
         self.watcher: TreeWatcher | None = None
         self.why: str | None = "not started"  # why refreshes walk (None while watching)
         self._states: dict[str, _State] = {}
@@ -268,6 +279,21 @@ class MirrorKeeper:
         is_live: Callable[[str], bool],
     ) -> MirrorView:
         self._pending[clearance.value] = Changes()  # the walk covers all that was pending
+        if self.walker is not None:
+            try:
+                self.walker(clearance)
+                with mirror.locked():
+                    loaded = mirror.load_state(digest)
+                    gen = mirror.current()
+                    if loaded is not None and gen is not None:
+                        if run_id is not None:
+                            mirror.reference(gen, run_id)
+                        stats = RefreshStats(generation=gen)
+                        view = MirrorView(gen, mirror.tree(gen), loaded[1], stats, loaded[0], mirror.serial())
+                        return self._adopt(view, digest, clearance)
+                log.info("mirror keeper: the walk's dump was not there to load; walking here")
+            except Exception:
+                log.exception("mirror keeper: the walk in another process failed; walking here")
         view = mirror.refresh(
             self.workspace,
             policy,
@@ -278,6 +304,10 @@ class MirrorKeeper:
             run_id=run_id,
             is_live=is_live,
         )
+        return self._adopt(view, digest, clearance)
+
+    def _adopt(self, view: MirrorView, digest: str, clearance: Level) -> MirrorView:
+        """Take a walk's outcome as what the keeper knows from now on."""
         res = view.result
         skipped = {s.path: s.rule for s in res.skipped}
         specials = _specials(self.workspace, skipped)
@@ -332,7 +362,7 @@ class MirrorKeeper:
                 line = self._apply(st, changes, stager, mirror.tree(gen), policy, stamp, stats)
                 size = mirror.append_cache(line)
                 if size > COMPACT_LOG_BYTES:
-                    mirror.write_cache(_dump(st.cache, st.base, st.digest, stamp))
+                    mirror.write_cache(_dump(st.cache, st.base, st.digest, stamp, st.result()))
                 st.serial = mirror.end(gen, True, run_id, is_live)
                 st.generation = gen
             except BaseException:
@@ -540,3 +570,18 @@ def _live(st: _State) -> dict[str, object]:
     from airlockd.pipeline.stagers import live_tree_from
 
     return live_tree_from(st.tree)
+
+
+def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
+    """A keeper's `walker` that walks in a new process (`airlockd _mirror`), for the daemon."""
+    import subprocess
+    import sys
+
+    def walk(clearance: Level) -> None:
+        cmd = [sys.executable, "-m", "airlockd", "--workspace", str(workspace), "_mirror", "--clearance"]
+        proc = subprocess.run([*cmd, clearance.value], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise StagingError(f"walking the workspace into the {clearance.value} mirror failed: {last}")
+
+    return walk

@@ -48,6 +48,7 @@ from airlockd.pipeline.staging import (
     READ_WHOLE,
     StageResult,
     StagingError,
+    Withheld,
     _os_rule,
     _read_all,
     _Stager,
@@ -362,15 +363,21 @@ def _open_rel(root: int, rel: str) -> int:
 # -- the cache on disk ----------------------------------------------------------------------------
 
 
-def _dump(cache: dict[str, Cached], base: Manifest, digest: str, stamp: int) -> bytes:
+def _dump(
+    cache: dict[str, Cached], base: Manifest, digest: str, stamp: int, result: StageResult | None = None
+) -> bytes:
+    """The whole cache; with `result`, also its withheld and skipped records, so a process that
+    did not walk can take the mirror's state as the walk left it (`Mirror.load_state`)."""
     files = {rel: c.row() for rel, c in cache.items()}
     others = {rel: [e.kind.value, e.mode, e.target] for rel, e in base.items() if e.kind is not Kind.FILE}
-    return json.dumps({"format": FORMAT, "policy": digest, "stamp": stamp, "files": files, "others": others}).encode()
+    doc: dict[str, Any] = {"format": FORMAT, "policy": digest, "stamp": stamp, "files": files, "others": others}
+    if result is not None:
+        doc["withheld"] = [[w.path, w.rule] for w in result.withheld]
+        doc["skipped"] = [[w.path, w.rule] for w in result.skipped]
+    return json.dumps(doc).encode()
 
 
-def log_line(
-    digest: str, stamp: int, files: dict[str, Cached | None], others: dict[str, Entry | None]
-) -> bytes:
+def log_line(digest: str, stamp: int, files: dict[str, Cached | None], others: dict[str, Entry | None]) -> bytes:
     """One incremental refresh's changes to the cache, as a `cache.log` line."""
     doc = {
         "policy": digest,
@@ -466,9 +473,11 @@ class Mirror:
         progress: Callable[[int, int], None] | None = None,
         run_id: str | None = None,
         is_live: Callable[[str], bool] = lambda run_id: True,
+        dump: bool = False,
     ) -> MirrorView:
         """Bring the mirror up to date with `workspace` by a walk and return the generation to
-        use; with `run_id`, that generation is referenced by the run until `release(run_id)`."""
+        use; with `run_id`, that generation is referenced by the run until `release(run_id)`.
+        With `dump`, the whole state is written (for `load_state`) even when nothing changed."""
         t0 = time.monotonic()
         digest = policy_digest(policy, clearance)
         with self.locked():
@@ -490,8 +499,8 @@ class Mirror:
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
             changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)
-            if not cache or changed:
-                self.write_cache(_dump(stager.new, stager.result.base, digest, stamp))
+            if not cache or changed or dump:
+                self.write_cache(_dump(stager.new, stager.result.base, digest, stamp, stager.result))
             serial = self.end(gen, changed or not cache or cloned, run_id, is_live)
         stats = stager.stats
         stats.generation, stats.cold, stats.cloned = gen, not cache, cloned
@@ -515,6 +524,31 @@ class Mirror:
         except FileNotFoundError:
             log = b""
         return _load(raw, digest, log)
+
+    def load_state(self, digest: str) -> tuple[dict[str, Cached], StageResult] | None:
+        """(stat cache, result) of the current generation as its last walk dumped them; None
+        unless a whole dump (with `dump=True`) is all there is (no log after it, no refresh
+        under way)."""
+        if (self.root / "cache.log").exists():
+            return None
+        loaded = self.load_cache(digest)
+        if loaded is None:
+            return None
+        try:
+            doc = json.loads((self.root / "cache.json").read_bytes())
+            result = StageResult(base={})
+            for rel, c in loaded[0].items():
+                if c.entry is not None:
+                    result.base[rel] = c.entry
+                    result.files += 1
+                    result.bytes += c.entry.size
+            for rel, (kind, mode, target) in doc["others"].items():
+                result.base[rel] = Entry(Kind(kind), mode, 0, None, target)
+            result.withheld = [Withheld(p, r) for p, r in doc["withheld"]]
+            result.skipped = [Withheld(p, r) for p, r in doc["skipped"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return loaded[0], result
 
     def writable(self, cur: int, is_live: Callable[[str], bool]) -> tuple[int, bool]:
         """(generation to refresh, cloned): the current one, or a hard-link clone of it when a

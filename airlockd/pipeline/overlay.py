@@ -137,8 +137,9 @@ def _run(args: list[str]) -> str | None:
 
 @functools.cache
 def _probe(where: str) -> str | None:
-    """Mount a tiny overlay with OPTIONS (upper on a tmpfs, as runs have it) under `where`."""
-    base = Path(where) / ".overlay-probe"
+    """Mount a tiny overlay with OPTIONS (upper on a tmpfs, as runs have it) under `where`, in a
+    folder of this call's own (run processes of one workspace probe at the same time)."""
+    base = Path(where) / f".overlay-probe-{os.getpid()}-{os.urandom(4).hex()}"
     layers, lower, merged = base / "layers", base / "lower", base / "merged"
     for d in (layers, lower, merged):
         d.mkdir(parents=True, exist_ok=True)

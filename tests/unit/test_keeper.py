@@ -24,17 +24,17 @@ from airlockd.redact import Redactor
 SECRET = "AKIA" + "Q" * 16  # an AWS access key id shape: the default detectors withhold it
 
 
-def _policy(ws: Path):  # noqa: ANN202
+def _policy(ws: Path):
     return load_policy(ws).policy
 
 
-def _reference(ws: Path, tmp: Path):  # noqa: ANN202
+def _reference(ws: Path, tmp: Path):
     ref = Mirror(tmp / f"ref{random.random()}")
     view = ref.refresh(ws, _policy(ws), Level.INTERNAL)
     return view
 
 
-def _same_as_walk(keeper_view, ws: Path, tmp: Path) -> None:  # noqa: ANN001
+def _same_as_walk(keeper_view, ws: Path, tmp: Path) -> None:
     ref = _reference(ws, tmp)
     assert scan(keeper_view.tree) == scan(ref.tree)
     assert keeper_view.result.base == ref.result.base
@@ -60,7 +60,7 @@ def ws(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def keeper(ws: Path, tmp_path: Path):  # noqa: ANN201
+def keeper(ws: Path, tmp_path: Path):
     k = MirrorKeeper(ws, tmp_path / "state")
     assert k.start() is None
     yield k
@@ -172,7 +172,7 @@ def _mutate(ws: Path, rng: random.Random) -> str:
     op = rng.choice(OPS)
     d = rng.choice(dirs)
     name = f"n{rng.randrange(1000)}"
-    if op == "write" or not files and op in ("append", "delete", "chmod", "rename", "file_to_dir"):
+    if op == "write" or (not files and op in ("append", "delete", "chmod", "rename", "file_to_dir")):
         (d / f"{name}.txt").write_text(f"{name}\n" * rng.randrange(1, 5))
     elif op == "append":
         with open(rng.choice(files), "a") as fh:
@@ -225,3 +225,43 @@ def test_random_edits_leave_what_a_walk_would(keeper: MirrorKeeper, ws: Path, tm
         view = keeper.refresh(_policy(ws), Level.INTERNAL, redactor=red)
         assert not view.stats.cold, done
         _same_as_walk(view, ws, tmp_path)
+
+
+def test_walks_in_another_process_are_loaded_as_they_were_left(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's keeper walks in `airlockd _mirror` and loads the dump it left; what it then
+    knows (and refreshes incrementally from) equals a walk made here."""
+    from airlockd.pipeline.keeper import walk_elsewhere
+    from airlockd.state import StateDir
+
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "states"))
+    state = StateDir.for_workspace(ws).ensure()
+    (ws / "lnk").symlink_to("README.md")
+    (ws / "esc").symlink_to("../../outside")
+    os.mkfifo(ws / "pipe")
+    calls: list[Level] = []
+    walk = walk_elsewhere(ws)
+    k = MirrorKeeper(ws.resolve(), state.root, walker=lambda lvl: (calls.append(lvl), walk(lvl))[1])
+    assert k.start() is None
+    try:
+        first = k.refresh(_policy(ws), Level.INTERNAL, run_id="r1")
+        assert calls == [Level.INTERNAL]
+        assert (mirror_for(state.root, Level.INTERNAL).root / "refs" / f"g{first.generation}" / "r1").exists()
+        _same_as_walk(first, ws, tmp_path)
+        (ws / "docs" / "c.txt").write_text("c\n")
+        nxt = k.refresh(_policy(ws), Level.INTERNAL)
+        assert calls == [Level.INTERNAL] and nxt.stats.read == 1  # incremental from the loaded state
+        _same_as_walk(nxt, ws, tmp_path)
+    finally:
+        k.close()
+
+
+def test_a_failing_walker_falls_back_to_walking_here(keeper: MirrorKeeper, ws: Path, tmp_path: Path) -> None:
+    def broken(level: Level) -> None:
+        raise RuntimeError("no process for you")
+
+    keeper.walker = broken
+    view = keeper.refresh(_policy(ws), Level.INTERNAL)
+    assert view.stats.cold
+    _same_as_walk(view, ws, tmp_path)

@@ -1,0 +1,85 @@
+"""The launcher: run processes forked from a warm process behave as freshly started ones."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from airlockd.launcher import Launcher
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
+    w = tmp_path / "ws"
+    w.mkdir()
+    return w
+
+
+async def _run(launcher: Launcher, argv: list[str], stdin: bytes = b"") -> tuple[int, bytes, bytes, int]:
+    proc = await launcher.spawn(argv)
+    assert proc is not None
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+    return await proc.wait(), out, err, proc.pid
+
+
+def test_forked_processes_answer_like_started_ones(ws: Path) -> None:
+    async def main() -> None:
+        launcher = Launcher()
+        await launcher.start(ws)
+        try:
+            code, out, err, pid = await _run(launcher, ["--workspace", str(ws), "runs", "--json"])
+            assert (code, out.strip(), err) == (0, b"[]", b"")
+            assert pid not in (0, os.getpid(), launcher.proc.pid if launcher.proc else 0)
+            code, out, err, _ = await _run(launcher, ["--workspace", str(ws), "show", "nope"])
+            assert code == 1 and b"no run 'nope'" in err and out == b""
+            # several at once: each its own process with its own pipes
+            many = await asyncio.gather(*(_run(launcher, ["--workspace", str(ws), "runs", "--json"]) for _ in range(4)))
+            assert [m[0] for m in many] == [0] * 4 and len({m[3] for m in many}) == 4
+        finally:
+            await launcher.stop()
+        assert launcher.proc is not None and launcher.proc.returncode == 0  # it ended with its socket
+        assert await launcher.spawn(["--workspace", str(ws), "runs"]) is None  # the caller starts its own
+
+    asyncio.run(main())
+
+
+def test_stdin_reaches_the_forked_process(ws: Path) -> None:
+    """`_execute --values-on-stdin` reads what the daemon wrote before anything else: a run that
+    does not exist fails after the values were read, with the usual error."""
+
+    async def main() -> None:
+        launcher = Launcher()
+        await launcher.start(ws)
+        try:
+            argv = ["--workspace", str(ws), "_execute", "--events", "--values-on-stdin", "r0"]
+            code, _out, err, _ = await _run(launcher, argv, b'["a-secret-value"]')
+            assert code != 0 and b"no run 'r0'" in err
+            code, _, err, _ = await _run(launcher, argv, b"not json")
+            assert code != 0 and (b"JSONDecodeError" in err or b"Expecting value" in err)
+        finally:
+            await launcher.stop()
+
+    asyncio.run(main())
+
+
+def test_a_dead_launcher_is_reported_not_waited_for(ws: Path) -> None:
+    async def main() -> None:
+        launcher = Launcher()
+        await launcher.start(ws)
+        assert launcher.proc is not None
+        launcher.proc.kill()
+        await launcher.proc.wait()
+        for _ in range(100):  # its socket closes with it
+            if not launcher.alive:
+                break
+            await asyncio.sleep(0.01)
+        assert await launcher.spawn(["--workspace", str(ws), "runs"]) is None
+        await launcher.stop()
+
+    asyncio.run(main())

@@ -103,6 +103,14 @@ def keep_mirrors(service: Service) -> None:
         service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor)
 
 
+async def prime(ls: AirlockServer) -> None:
+    """Start the keeper (off the loop), then let the live-edit watch follow its watcher."""
+    from airlockd.lsp import watching
+
+    await ls.call(keep_mirrors, ls.service)
+    await watching.refresh(ls)
+
+
 async def start_launcher(ls: AirlockServer) -> None:
     from airlockd.launcher import Launcher
 
@@ -125,7 +133,7 @@ def create_server(service: Service) -> AirlockServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
-        ls.spawn(ls.call(keep_mirrors, ls.service), name="mirror keeper")
+        ls.spawn(prime(ls), name="mirror keeper")
         ls.spawn(start_launcher(ls), name="launcher")
 
     @server.feature(types.SHUTDOWN)

@@ -3,7 +3,9 @@
 - `policies.toml` at the workspace root is always watched: an edit reloads the policy; a bad file
   keeps the last good one in force and the server says so.
 - While any run is proposed the whole tree is watched: a live edit to a file a pending change
-  touches marks that change conflicted at once (`airlock/runStatus`, `airlock/proposal`).
+  touches marks that change conflicted at once (`airlock/runStatus`, `airlock/proposal`). When
+  the mirror keeper watches the workspace (pipeline/keeper.py), its inotify queue is followed
+  instead (drained as soon as it is readable): one set of watches, none made per proposal.
 - Every few seconds, proposals older than the policy's `proposal_ttl_s` become `expired`.
 """
 
@@ -44,7 +46,9 @@ class Watch:
         self.observer: BaseObserver | None = None
         self.tree: ObservedWatch | None = None
         self.changed: set[str] = set()
+        self.trees: set[str] = set()  # directories whose whole subtree may have changed ("": all)
         self.flushing = False
+        self.following: int | None = None  # the keeper's watcher fd, while followed
 
 
 class _Events(FileSystemEventHandler):
@@ -93,6 +97,9 @@ def setup(server: AirlockServer) -> None:
 
 def stop(ls: AirlockServer) -> None:
     w = _watch(ls)
+    if w.following is not None and ls.loop is not None:
+        ls.loop.remove_reader(w.following)
+        w.following = None
     if w.observer is not None:
         w.observer.stop()
         w.observer = None
@@ -103,8 +110,13 @@ async def refresh(ls: AirlockServer) -> None:
     w = _watch(ls)
     if w.observer is None:
         return
-    recs = await ls.call(ls.service.store.list_runs)
-    wanted = any(r.state is RunState.PROPOSED for r in recs)
+    keeper = ls.service.keeper
+    if keeper is not None and keeper.watcher is not None and keeper.why is None:
+        _follow(ls, w, keeper)
+        wanted = False  # the keeper's watches cover the tree
+    else:
+        recs = await ls.call(ls.service.store.list_runs)
+        wanted = any(r.state is RunState.PROPOSED for r in recs)
     if wanted and w.tree is None:
         w.tree = await ls.call(w.observer.schedule, _Events(ls, w.workspace), str(w.workspace), recursive=True)
     elif not wanted and w.tree is not None:
@@ -112,9 +124,34 @@ async def refresh(ls: AirlockServer) -> None:
         w.tree = None
 
 
-def _changed(ls: AirlockServer, rels: list[str]) -> None:  # on the loop
+def _follow(ls: AirlockServer, w: Watch, keeper: Any) -> None:
+    """Hear of every change the keeper's watcher queues, as soon as its queue is readable."""
+    if w.following is not None:
+        return
+    loop = asyncio.get_running_loop()
+    fd = keeper.watcher.fileno()
+    keeper.listeners.append(lambda got: ls.from_thread(_changed, ls, sorted(got.paths), sorted(got.trees)))
+
+    def readable() -> None:  # on the loop: drain in a thread (the keeper's lock may be held)
+        loop.remove_reader(fd)
+
+        async def drain() -> None:
+            try:
+                await ls.call(keeper.drain)
+            finally:
+                if w.following == fd and keeper.watcher is not None:
+                    loop.add_reader(fd, readable)
+
+        ls.spawn(drain(), name="keeper drain")
+
+    loop.add_reader(fd, readable)
+    w.following = fd
+
+
+def _changed(ls: AirlockServer, rels: list[str], trees: Iterable[str] = ()) -> None:  # on the loop
     w = _watch(ls)
     w.changed.update(rels)
+    w.trees.update(trees)
     if not w.flushing:
         w.flushing = True
         ls.spawn(_flush(ls, w), name="watch flush")
@@ -122,10 +159,10 @@ def _changed(ls: AirlockServer, rels: list[str]) -> None:  # on the loop
 
 async def _flush(ls: AirlockServer, w: Watch) -> None:
     await asyncio.sleep(DEBOUNCE_S)
-    changed, w.changed, w.flushing = w.changed, set(), False
-    if POLICY_FILE in changed:
+    changed, trees, w.changed, w.trees, w.flushing = w.changed, w.trees, set(), set(), False
+    if POLICY_FILE in changed or "" in trees:
         await reload_policy(ls)
-    hits = await ls.decide(conflicts_from_disk, ls.service, changed)
+    hits = await ls.decide(conflicts_from_disk, ls.service, changed, trees)
     for rec, paths in hits:
         names = ", ".join(display(p) for p in paths)
         ls.notify(status.RUN_STATUS, {**ls.service.run_status(rec), "conflicts": paths})
@@ -169,10 +206,17 @@ def _moved(workspace: Path, rel: str, expected: Entry | None) -> bool:
     return not live.same_content(expected)
 
 
-def conflicts_from_disk(svc: Service, changed: Iterable[str]) -> list[tuple[RunRecord, list[str]]]:
+def conflicts_from_disk(
+    svc: Service, changed: Iterable[str], trees: Iterable[str] = ()
+) -> list[tuple[RunRecord, list[str]]]:
     """Pending changes of proposed runs whose live file moved away from their base: marked
-    conflicted (blocking; call it holding the decisions lock)."""
+    conflicted (blocking; call it holding the decisions lock). `changed` are paths that may have
+    changed, `trees` directories anything under which may have ("" is the whole workspace)."""
     changed = set(changed)
+    tops = list(trees)
+    if tops:
+        pending = {f.path for r in svc.store.list_runs() if r.state is RunState.PROPOSED for f in r.files}
+        changed |= {p for p in pending for t in tops if not t or p == t or p.startswith(t + "/")}
     out = []
     for rec in svc.store.list_runs():
         if rec.state is not RunState.PROPOSED:

@@ -196,6 +196,7 @@ class MirrorKeeper:
         self._states: dict[str, _State] = {}
         self._pending: dict[str, Changes] = {}
         self._lock = threading.Lock()
+        self.listeners: list[Callable[[Changes], None]] = []  # told of every drained change
 
     def start(self) -> str | None:
         """Watch the workspace; None when watching, else why every refresh will walk."""
@@ -215,6 +216,12 @@ class MirrorKeeper:
             self.watcher = None
             self.why = "closed"
 
+    def drain(self) -> None:
+        """Take what the watcher queued now (the daemon calls it when the queue is readable, so
+        its listeners hear of live edits at once; a refresh drains first anyway)."""
+        with self._lock:
+            self._drain()
+
     def _drain(self) -> None:
         w = self.watcher
         if w is None:
@@ -222,8 +229,15 @@ class MirrorKeeper:
         got = w.drain()
         if w.broken:
             self.why = w.broken
+        if not got:
+            return
         for pending in self._pending.values():
             pending.merge(got)
+        for listener in self.listeners:
+            try:
+                listener(got)
+            except Exception:
+                log.exception("mirror keeper: a listener failed")
 
     # -- refresh --------------------------------------------------------------------------------
 

@@ -104,6 +104,26 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("stager", staging, "unset AIRLOCK_STAGER, or run airlockd as root on a kernel with overlayfs"))
 
+    def file_events() -> str:
+        """Whether the daemon's mirror keeper can watch this workspace (else every run walks)."""
+        from airlockd.pipeline.watcher import TreeWatcher
+
+        with TreeWatcher(workspace.resolve()) as w:
+            dirs = w.watching
+        limit = Path("/proc/sys/fs/inotify/max_user_watches").read_text().strip()
+        return (
+            f"inotify: {dirs} directories watched (fs.inotify.max_user_watches = {limit}); the daemon"
+            " refreshes the mirror from file events, a run without a daemon walks the workspace"
+        )
+
+    checks.append(
+        _check(
+            "file events",
+            file_events,
+            "raise fs.inotify.max_user_watches (sysctl); without it each run walks the workspace",
+        )
+    )
+
     def growth_cap() -> str:
         from airlockd.sandbox import capfs
 

@@ -307,6 +307,11 @@ class TreeWatcher:
         if fd is not None:
             os.close(fd)
 
+    @property
+    def watching(self) -> int:
+        """How many directories are watched now."""
+        return len(self._paths)
+
     def fileno(self) -> int:
         """The inotify descriptor: readable (for select/poll) when events are queued."""
         return self._require_fd()

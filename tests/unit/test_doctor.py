@@ -1,0 +1,37 @@
+"""`airlockd doctor` reports whether the daemon can follow file events in the workspace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airlockd import doctor
+
+
+def test_file_events_are_reported_with_the_directories_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
+    ws = tmp_path / "ws"
+    (ws / "a" / "b").mkdir(parents=True)
+    (ws / "c").mkdir()
+    checks = {c["name"]: c for c in doctor.run_checks(ws)}
+    events = checks["file events"]
+    assert events["ok"], events
+    assert events["detail"].startswith("inotify: 4 directories watched")
+    assert "max_user_watches" in events["detail"]
+
+
+def test_an_exhausted_watch_limit_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from airlockd.pipeline import watcher
+
+    def full(fd: int, path: bytes, mask: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(watcher, "_add_watch", full)
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "ws").mkdir()
+    events = next(c for c in doctor.run_checks(tmp_path / "ws") if c["name"] == "file events")
+    assert not events["ok"]
+    assert "max_user_watches" in events["detail"] + events["fix"]

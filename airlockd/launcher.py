@@ -73,7 +73,10 @@ def serve(fd: int, workspace: Path) -> int:
                 sock.send(json.dumps({"id": rid, "exit": code}).encode())
         if sock.fileno() not in ready:
             continue
-        msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 3)
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 3)
+        except OSError:  # the daemon's end was closed with our answers unread: it is gone
+            msg, fds = b"", []
         if not msg:
             for fd_ in fds:
                 os.close(fd_)
@@ -82,7 +85,8 @@ def serve(fd: int, workspace: Path) -> int:
         if len(fds) != 3:
             for fd_ in fds:
                 os.close(fd_)
-            sock.send(json.dumps({"id": req.get("id"), "error": "three descriptors expected"}).encode())
+            with contextlib.suppress(OSError):
+                sock.send(json.dumps({"id": req.get("id"), "error": "three descriptors expected"}).encode())
             continue
         pid = os.fork()
         if pid == 0:  # the run process
@@ -93,7 +97,8 @@ def serve(fd: int, workspace: Path) -> int:
         for fd_ in fds:
             os.close(fd_)
         children[os.pidfd_open(pid)] = (req["id"], pid)
-        sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
+        with contextlib.suppress(OSError):
+            sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
 
 
 def _child(fds: list[int], argv: list[str]) -> None:

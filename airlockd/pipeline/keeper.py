@@ -125,10 +125,11 @@ class MirrorKeeper:
         progress: Callable[[int, int], None] | None = None,
         run_id: str | None = None,
         is_live: Callable[[str], bool] = lambda run_id: True,
+        walk: bool = False,
     ) -> MirrorView:
         """The mirror at `clearance` brought up to date (incrementally when the watcher vouches
-        for what changed, by a walk otherwise); with `run_id`, referenced by that run. The view's
-        `live_tree` is the digest of the live tree this refresh established."""
+        for what changed, by a walk otherwise or with `walk`); with `run_id`, referenced by that
+        run. The view's `live_tree` is the digest of the live tree this refresh established."""
         t0 = time.monotonic()
         mirror = mirror_for(self.state_root, clearance)
         digest = policy_digest(policy, clearance)
@@ -137,7 +138,8 @@ class MirrorKeeper:
             self._drain()
             st = self._states.get(key)
             walk = (
-                st is None
+                walk
+                or st is None
                 or self.why is not None
                 or st.digest != digest
                 or self._pending.get(key, Changes()).everything

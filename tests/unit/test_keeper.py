@@ -265,3 +265,24 @@ def test_a_failing_walker_falls_back_to_walking_here(keeper: MirrorKeeper, ws: P
     view = keeper.refresh(_policy(ws), Level.INTERNAL)
     assert view.stats.cold
     _same_as_walk(view, ws, tmp_path)
+
+
+def test_a_walk_can_be_asked_for_and_is_due_after_a_while(keeper: MirrorKeeper, ws: Path, tmp_path: Path) -> None:
+    """The daemon's upkeep asks for the periodic walk between runs; a run finds it due only if
+    the upkeep did not come."""
+    walks: list[Level] = []
+
+    def walker(level: Level) -> None:
+        walks.append(level)
+        mirror_for(tmp_path / "state", level).refresh(ws, _policy(ws), level, dump=True)
+
+    keeper.walker = walker
+    keeper.refresh(_policy(ws), Level.INTERNAL)
+    keeper.refresh(_policy(ws), Level.INTERNAL)
+    assert len(walks) == 1  # the second was incremental
+    keeper.refresh(_policy(ws), Level.INTERNAL, walk=True)
+    assert len(walks) == 2
+    keeper.walk_every_s = 0.0
+    view = keeper.refresh(_policy(ws), Level.INTERNAL)
+    assert len(walks) == 3
+    _same_as_walk(view, ws, tmp_path)

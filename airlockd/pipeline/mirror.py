@@ -46,6 +46,7 @@ from airlockd.pipeline.mirrorstager import (
     MirrorStager,
     RefreshStats,
     _unlink_quietly,
+    refresh_failed,
 )
 from airlockd.pipeline.mirrorstager import dump as dump_cache
 from airlockd.pipeline.mirrorstager import load as load_cache_bytes
@@ -315,10 +316,7 @@ class Mirror:
                 os.close(dst_root)
                 os.close(stager.tmp)
         except OSError as exc:
-            raise StagingError(
-                f"refreshing the mirror {tree} failed: {exc}",
-                hint="check free space and permissions of the state directory",
-            ) from None
+            raise refresh_failed(tree, exc) from None
         finally:
             os.close(src_root)
 

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
@@ -28,6 +29,7 @@ from airlockd.pipeline.staging import (
     CHUNK,
     READ_WHOLE,
     StageResult,
+    StagingError,
     _os_rule,
     _read_all,
     _Stager,
@@ -273,17 +275,32 @@ class MirrorStager(_Stager):
         for rel in sorted(old_paths, key=lambda p: p.count("/"), reverse=True):
             if rel in self.result.base:
                 continue
-            parent, _, name = rel.rpartition("/")
+            parent = rel.rpartition("/")[0]
             if parent and parent not in self.result.base:
                 continue  # its parent goes too (or is a file now): removed with it
-            try:
-                fd = _open_rel(dst_root, parent)
-            except OSError:
-                continue
-            try:
-                self._drop(fd, name)
-            finally:
-                os.close(fd)
+            self.drop_at(dst_root, rel)
+
+    def drop_at(self, dst_root: int, rel: str) -> bool:
+        """Remove `rel` (whatever it is) from the mirror rooted at `dst_root`, through directory
+        descriptors opened without following links; False when its parent cannot be opened."""
+        parent, _, name = rel.rpartition("/")
+        try:
+            fd = _open_rel(dst_root, parent)
+        except OSError:
+            return False
+        try:
+            self._drop(fd, name)
+        finally:
+            os.close(fd)
+        return True
+
+
+def refresh_failed(tree: Path, exc: OSError) -> StagingError:
+    """The error of a refresh that could not write the mirror `tree` (never a per-file skip)."""
+    return StagingError(
+        f"refreshing the mirror {tree} failed: {exc}",
+        hint="check free space and permissions of the state directory",
+    )
 
 
 class _WriteError(OSError):

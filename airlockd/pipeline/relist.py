@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.pipeline.mirrorstager import Cached, MirrorStager, RefreshStats, _open_rel, log_line
+from airlockd.pipeline.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
 from airlockd.pipeline.staging import _O_DIR, StageResult, StagingError, Withheld, _open_dir, link_escapes
 from airlockd.pipeline.treedigest import TreeDigest
 from airlockd.pipeline.watcher import Changes
@@ -190,10 +190,7 @@ def apply(
             os.close(dst_root)
             os.close(stager.tmp)
     except OSError as exc:
-        raise StagingError(
-            f"refreshing the mirror {tree} failed: {exc}",
-            hint="check free space and permissions of the state directory",
-        ) from None
+        raise refresh_failed(tree, exc) from None
     finally:
         os.close(src_root)
     return _log_line(st, scope | stager.result.base.keys() | stager.new.keys(), stamp)
@@ -259,16 +256,8 @@ def _fold(
     for rel in gone:
         if any(rel.startswith(g + "/") for g in dropped):
             continue
-        parent, _, name = rel.rpartition("/")
-        try:
-            fd = _open_rel(dst_root, parent)
-        except OSError:
-            continue
-        try:
-            stager._drop(fd, name)
-        finally:
-            os.close(fd)
-        dropped.append(rel)
+        if stager.drop_at(dst_root, rel):
+            dropped.append(rel)
     touched = scope | new_base.keys() | stager.new.keys()
     touched |= {w.path for w in res.withheld} | {s.path for s in res.skipped}
     nodes: dict[str, Entry | None] = {}
@@ -310,12 +299,8 @@ def _fold(
     for rel in sorted(st.links):  # links are judged on the whole manifest, as after a walk
         e = st.base[rel]
         if link_escapes(rel, e.target or "", st.base):
-            parent, _, name = rel.rpartition("/")
-            fd = _open_rel(dst_root, parent)
-            try:
-                stager._drop(fd, name)
-            finally:
-                os.close(fd)
+            if not stager.drop_at(dst_root, rel):
+                raise Inconsistent(f"the mirror lacks the directory of {rel!r}")
             del st.base[rel]
             st.links.discard(rel)
             st.withheld[rel] = ESCAPE

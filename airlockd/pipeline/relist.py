@@ -19,7 +19,7 @@ from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
 from airlockd.pipeline.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
-from airlockd.pipeline.staging import _O_DIR, StageResult, StagingError, Withheld, _open_dir, link_escapes
+from airlockd.pipeline.staging import _O_DIR, StageResult, StagingError, Withheld, _is_text, _open_dir, link_escapes
 from airlockd.pipeline.treedigest import TreeDigest
 from airlockd.pipeline.watcher import Changes
 
@@ -157,9 +157,11 @@ def apply(
     todo |= {_parent(t) for t in deep}
     todo |= {_parent(p) for p, rule in st.withheld.items() if rule == ESCAPE}  # judged again below
     dirs: set[str] = set()
+    hidden: list[str] = []  # changed files inside a withheld directory: read for the redactor only
     for d in todo:
         while not st.is_dir(d):  # a directory the mirror does not have (yet): rescan it whole
             if st.withheld_under(d):
+                hidden.extend(p for p in changes.paths if _parent(p) == d)
                 break
             deep.add(d)
             d = _parent(d)
@@ -186,6 +188,7 @@ def apply(
                         raise StagingError(f"the workspace {workspace} cannot be read")
                     dirs.add(_parent(d))
             _fold(workspace, st, stager, dst_root, scope, stats)
+            _learn(stager, src_root, hidden)
         finally:
             os.close(dst_root)
             os.close(stager.tmp)
@@ -194,6 +197,24 @@ def apply(
     finally:
         os.close(src_root)
     return _log_line(st, scope | stager.result.base.keys() | stager.new.keys(), stamp)
+
+
+def _learn(stager: Incremental, src_root: int, rels: list[str]) -> None:
+    """Give the redactor the values of changed files inside withheld directories (a walk reads
+    every file under one; the mirror never holds them)."""
+    if stager.redactor is None:
+        return
+    for rel in rels:
+        try:
+            fd = _open_dir(src_root, _parent(rel))
+        except OSError:
+            continue  # gone, or no longer under a directory: nothing to learn
+        try:
+            data = stager._peek(fd, rel.rpartition("/")[2])
+        finally:
+            os.close(fd)
+        if data is not None and _is_text(data):
+            stager.redactor.add_file_values(data.decode("utf-8", "replace"))
 
 
 def _relist(

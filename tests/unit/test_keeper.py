@@ -286,3 +286,19 @@ def test_a_walk_can_be_asked_for_and_is_due_after_a_while(keeper: MirrorKeeper, 
     view = keeper.refresh(_policy(ws), Level.INTERNAL)
     assert len(walks) == 3
     _same_as_walk(view, ws, tmp_path)
+
+
+def test_a_changed_file_in_a_withheld_directory_is_learned_never_mirrored(
+    keeper: MirrorKeeper, ws: Path, tmp_path: Path
+) -> None:
+    (ws / ".aws").mkdir()
+    (ws / ".aws" / "credentials").write_text("aws_secret_access_key = first-value-000\n")
+    red = Redactor()
+    keeper.refresh(_policy(ws), Level.INTERNAL, redactor=red)
+    assert "first-value-000" not in red.text("x first-value-000 y")
+    (ws / ".aws" / "credentials").write_text("aws_secret_access_key = rotated-value-111\n")
+    view = keeper.refresh(_policy(ws), Level.INTERNAL, redactor=red)
+    assert not view.stats.cold
+    assert "rotated-value-111" not in red.text("x rotated-value-111 y")
+    assert not (view.tree / ".aws").exists()
+    _same_as_walk(view, ws, tmp_path)

@@ -159,7 +159,7 @@ def prepare_view(svc: Service, run_id: str) -> None:
         "withheld": [[w.path, w.rule] for w in res.withheld],
         "skipped": [[s.path, s.rule] for s in res.skipped],
         "live_tree": view.live_tree,
-        "stats": {k: v for k, v in vars(view.stats).items()},
+        "stats": vars(view.stats),
     }
     atomic_write_bytes(svc.state.run_dir(rec.id) / _PREPARED, json.dumps(doc).encode())
 

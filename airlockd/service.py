@@ -22,7 +22,7 @@ from airlockd.agents import sessions as agent_sessions
 from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
-from airlockd.evidence import live_tree
+from airlockd.evidence import live_tree, schemes_differ
 from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline import admission, stagers
 from airlockd.pipeline.keeper import MirrorKeeper
@@ -405,8 +405,6 @@ class Service:
                 r.live_tree = {**r.live_tree, "after": tree}
 
         self.store.update_run(rec.id, keep)
-        from airlockd.evidence import schemes_differ
-
         before = rec.live_tree["before"]["sha256"]
         # a run staged by an older airlockd has a digest of another scheme: not comparable
         why = schemes_differ(rec.live_tree["before"], tree)

@@ -86,61 +86,9 @@ class AirlockServer(LanguageServer):
             fn(run_id)
 
 
-def keep_mirrors(service: Service) -> bool:
-    """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
-    first run stages in proportion to what changed since, not to the size of the tree. Whether
-    the keeper is watching."""
-    from airlockd.pipeline.keeper import walk_elsewhere
-
-    if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
-        return False
-    refresh_mirrors(service)
-    return True
-
-
-def refresh_mirrors(service: Service, walk: bool = False) -> None:
-    """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
-    from airlockd.execution import mirror_owner
-    from airlockd.pipeline import stagers
-
-    if service.keeper is None or stagers.choose(service.state.root)[0] != stagers.OVERLAY:
-        return
-    for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
-        service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)
-
-
-async def prime(ls: AirlockServer) -> None:
-    """Start the keeper (off the loop), let the live-edit watch follow its watcher, and keep the
-    mirrors' periodic walks off the runs' path: they are made here, between runs."""
-    from airlockd.lsp import watching
-    from airlockd.pipeline.keeper import WALK_EVERY_S
-
-    if not await ls.call(keep_mirrors, ls.service):
-        return
-    await watching.refresh(ls)
-    while True:
-        await asyncio.sleep(WALK_EVERY_S * 0.9)
-        try:
-            await ls.call(refresh_mirrors, ls.service, True)
-        except Exception:  # a run refreshes (and reports) itself; the upkeep tries again later
-            log.exception("mirror upkeep failed")
-
-
-async def start_launcher(ls: AirlockServer) -> None:
-    from airlockd.launcher import Launcher
-
-    launcher = Launcher()
-    try:
-        await launcher.start(ls.service.workspace)
-    except OSError as exc:
-        log.warning("no launcher (each run process starts anew): %s", exc)
-        return
-    ls.launcher = launcher
-
-
 def create_server(service: Service) -> AirlockServer:
     """The server with every feature wired in."""
-    from airlockd.lsp import codelens, commands, documents, status
+    from airlockd.lsp import codelens, commands, documents, status, upkeep
     from airlockd.lsp import watching as watch
 
     server = AirlockServer(service)
@@ -148,8 +96,8 @@ def create_server(service: Service) -> AirlockServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
-        ls.spawn(prime(ls), name="mirror keeper")
-        ls.spawn(start_launcher(ls), name="launcher")
+        ls.spawn(upkeep.prime(ls), name="mirror keeper")
+        ls.spawn(upkeep.start_launcher(ls), name="launcher")
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: AirlockServer, params: Any) -> None:

@@ -165,6 +165,11 @@ class DockerSandbox:
         if not found:
             return None
         container = found[0]
+        never = container.attrs.get("State", {}).get("StartedAt", "").startswith("0001-")
+        if container.status == "created" and never:  # its process died between create and start: no agent ran
+            self._remove(run_id, container)
+            volumes.remove(self.client, run_id)
+            return None
         effective = _effective(container.attrs)
         state = container.attrs.get("State", {})
         ran = _since(state.get("StartedAt", ""))
@@ -181,7 +186,6 @@ class DockerSandbox:
             return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader)
         finally:
             self._remove(run_id, container)
-            volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             with self._lock:
                 self._requested.pop(run_id, None)

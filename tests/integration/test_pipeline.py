@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -228,13 +229,46 @@ def test_a_run_whose_container_is_gone_is_reconciled(ws: Path, capsys: pytest.Ca
     code, run = cli(ws, "run", "--agent", "bot", "sleep 60", capsys=capsys)
     assert code == 0 and isinstance(run, dict)
     running = _wait_state(ws, run["id"], {"running"}, capsys)
+    label = {"label": f"airlockd.run={run['id']}"}
+    deadline = time.monotonic() + 30  # "running" is recorded just before the container is created
+    while not docker.from_env().containers.list(filters=label) and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(running["owner_pid"], signal.SIGKILL)
-    for c in docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}):
+    for c in docker.from_env().containers.list(all=True, filters=label):
         c.remove(force=True)  # and its container with it
     time.sleep(0.5)
     final = _wait_state(ws, run["id"], {"failed"}, capsys)
     assert "ended while it was running" in final["error"]
-    assert docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"}) == []
+    assert docker.from_env().containers.list(all=True, filters=label) == []
+
+
+def test_a_container_created_but_never_started_is_not_taken_for_a_run(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process that dies between creating its container and starting it leaves a container in
+    "created": no agent ran, so re-attaching must not read it as an agent that exited cleanly
+    (and propose "no changes"): the run fails and the container goes."""
+    import docker
+
+    from airlockd.records import RunState
+    from airlockd.sandbox.image import image_tag
+    from airlockd.service import Service
+
+    svc = Service(ws)
+    rec = svc.submit("bot", "echo never")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def running(r: Any) -> None:
+        r.state, r.owner_pid, r.owner_start = RunState.RUNNING, dead.pid, None
+
+    svc.store.update_run(rec.id, running)
+    labels = {"airlockd": "1", "airlockd.run": rec.id, "airlockd.workspace": str(svc.workspace)}
+    docker.from_env().containers.create(image_tag(), ["true"], labels=labels)
+    final = _wait_state(ws, rec.id, {"failed", "applied", "proposed"}, capsys)
+    assert final["state"] == "failed", final
+    assert "gone" in final["error"]
+    assert docker.from_env().containers.list(all=True, filters={"label": f"airlockd.run={rec.id}"}) == []
 
 
 def test_sweep_reaps_orphans(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,10 +3,18 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 AIRLOCK := $(VENV)/bin/airlockd
 STAMP   := $(VENV)/.installed
+# Where `make setup` puts the `airlockd` launcher (empty: /usr/local/bin as root, else ~/.local/bin).
+BINDIR  ?=
 
-.PHONY: setup engine image demo test lint bench clean vscode code-server
+.PHONY: setup unlink uninstall engine image demo test lint bench clean vscode code-server
 
+# The virtualenv, then a launcher for its airlockd on the user's PATH (scripts/install-launcher.sh).
 setup: $(STAMP)
+	@AIRLOCK_VENV='$(abspath $(VENV))' AIRLOCK_BIN_DIR='$(BINDIR)' ./scripts/install-launcher.sh install
+
+# Removes that launcher (only ours; the clone and its virtualenv stay).
+unlink uninstall:
+	@AIRLOCK_BIN_DIR='$(BINDIR)' ./scripts/install-launcher.sh uninstall
 
 $(STAMP): pyproject.toml
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \

@@ -1,6 +1,8 @@
 /** The daemon as a language client: starts `airlockd serve --stdio` with the command built by
  * `buildServerCommand`, restarts it (debounced) when the settings change or on request. */
 
+import * as fs from "node:fs";
+
 import * as vscode from "vscode";
 import {
   ExecuteCommandRequest,
@@ -10,10 +12,20 @@ import {
   State,
 } from "vscode-languageclient/node";
 
-import { buildServerCommand, debounce, readSettings } from "./logic/serverCommand";
+import { AirlockdNotFound, buildServerCommand, debounce, readSettings, type ServerCommand } from "./logic/serverCommand";
 import type { Daemon } from "./logic/state";
 
 export const RESTART_DEBOUNCE_MS = 500;
+
+/** A regular file (or a link to one) this user may execute, as the search for airlockd needs. */
+function isExecutable(path: string): boolean {
+  try {
+    fs.accessSync(path, fs.constants.X_OK);
+    return fs.statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
 
 export class LanguageClientDaemon implements Daemon {
   private client: LanguageClient | undefined;
@@ -59,10 +71,12 @@ export class LanguageClientDaemon implements Daemon {
   }
 
   private async startNow(): Promise<void> {
-    const cfg = vscode.workspace.getConfiguration("airlockd");
-    const settings = readSettings((k) => cfg.get(k), this.folder);
-    const cmd = buildServerCommand(settings, this.folder, process.env);
-    this.output.info(`starting: ${[cmd.command, ...cmd.args].join(" ")}`);
+    const cmd = this.serverCommand();
+    if (!cmd) {
+      for (const h of this.readyHandlers) h(false);
+      return;
+    }
+    this.output.info(`starting (${cmd.source}): ${[cmd.command, ...cmd.args].join(" ")}`);
     const serverOptions: ServerOptions = {
       command: cmd.command,
       args: cmd.args,
@@ -91,6 +105,23 @@ export class LanguageClientDaemon implements Daemon {
       return;
     }
     for (const h of this.readyHandlers) h(true);
+  }
+
+  /** The command from the settings, or airlockd found where `make setup` and pip put it; when
+   * there is none, the user is told where it was looked for and which setting to set. */
+  private serverCommand(): ServerCommand | undefined {
+    const cfg = vscode.workspace.getConfiguration("airlockd");
+    const settings = readSettings((k) => cfg.get(k), this.folder);
+    try {
+      return buildServerCommand(settings, this.folder, process.env, isExecutable);
+    } catch (err) {
+      if (!(err instanceof AirlockdNotFound)) throw err;
+      this.output.error(err.message);
+      void vscode.window.showErrorMessage(err.message, "Open Settings").then((choice) => {
+        if (choice) void vscode.commands.executeCommand("workbench.action.openSettings", "airlockd.path");
+      });
+      return undefined;
+    }
   }
 
   private async restartNow(): Promise<void> {

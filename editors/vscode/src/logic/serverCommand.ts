@@ -1,8 +1,12 @@
 /** The ONE function that builds the daemon's command line from the settings (as the Python tools
- * extension template does), and the debounced restart. No `vscode` import. */
+ * extension template does), the search for `airlockd` when no setting names it, and the debounced
+ * restart. No `vscode` import, no filesystem access of its own: the caller passes `isExecutable`. */
+
+import { posix } from "node:path";
 
 export interface ServerSettings {
-  /** `airlockd.path`: the daemon executable and leading arguments, e.g. ["/opt/bin/airlockd"]. */
+  /** `airlockd.path`: the daemon executable and leading arguments, e.g. ["/opt/bin/airlockd"];
+   * empty (or the contributed default, a bare "airlockd"): search for it, see `searchPlaces`. */
   path: string[];
   /** `airlockd.interpreter`: a Python interpreter with airlockd installed; wins over `path`. */
   interpreter: string[];
@@ -12,13 +16,38 @@ export interface ServerSettings {
   env: Record<string, string>;
 }
 
-export const DEFAULT_SETTINGS: ServerSettings = { path: ["airlockd"], interpreter: [], serverArgs: [], env: {} };
+export const DEFAULT_SETTINGS: ServerSettings = { path: [], interpreter: [], serverArgs: [], env: {} };
 
 export interface ServerCommand {
   command: string;
   args: string[];
   cwd: string;
   env: Record<string, string>;
+  /** How the command was chosen: "airlockd.path", "airlockd.interpreter", or where the search
+   * found it ("on PATH", "in the workspace's .venv", …). */
+  source: string;
+}
+
+/** Is this path an existing file the user may execute? (fs.accessSync(p, X_OK) on a regular file.) */
+export type IsExecutable = (path: string) => boolean;
+
+/** One place `airlockd` is looked for: the file, and how to say where it is. */
+export interface Place {
+  path: string;
+  where: string;
+}
+
+/** No setting names airlockd and the search found none: the message names the places looked at
+ * and the settings that fix it. */
+export class AirlockdNotFound extends Error {
+  constructor(readonly looked: string[]) {
+    super(
+      `airlockd not found: looked on PATH, then at ${looked.join(", ")}. ` +
+        "Run `make setup` in your airlockd clone (it puts airlockd on your PATH), " +
+        'or set "airlockd.path" (or "airlockd.interpreter") in the settings.',
+    );
+    this.name = "AirlockdNotFound";
+  }
 }
 
 function clean(v: unknown): string[] {
@@ -26,7 +55,8 @@ function clean(v: unknown): string[] {
 }
 
 /** Settings as read from the configuration, with defaults for anything missing or malformed;
- * `${workspaceFolder}` in any string is replaced by the folder's path. */
+ * `${workspaceFolder}` in any string is replaced by the folder's path. `airlockd.path` left at its
+ * contributed default (a bare "airlockd") reads as empty: search for it. */
 export function readSettings(get: (key: string) => unknown, workspaceFolder: string): ServerSettings {
   const sub = (s: string): string => s.split("${workspaceFolder}").join(workspaceFolder);
   const path = clean(get("path")).map(sub);
@@ -37,31 +67,75 @@ export function readSettings(get: (key: string) => unknown, workspaceFolder: str
       if (typeof v === "string") env[k] = sub(v);
     }
   }
+  const searched = path.length === 0 || (path.length === 1 && path[0] === "airlockd");
   return {
-    path: path.length ? path : DEFAULT_SETTINGS.path,
+    path: searched ? DEFAULT_SETTINGS.path : path,
     interpreter: clean(get("interpreter")).map(sub),
     serverArgs: clean(get("serverArgs")).map(sub),
     env,
   };
 }
 
+/** Where `airlockd` is looked for when no setting names it, first match wins: each folder of
+ * PATH, the workspace's `.venv/bin/airlockd` and `venv/bin/airlockd`, then `~/.local/bin/airlockd`
+ * (where `make setup` puts its launcher for a normal user). */
+export function searchPlaces(workspaceFolder: string, env: Record<string, string | undefined>): Place[] {
+  const places: Place[] = [];
+  for (const dir of (env.PATH ?? "").split(":")) {
+    // an empty or relative PATH entry means "wherever the editor was started": never a guess here
+    if (posix.isAbsolute(dir)) places.push({ path: posix.join(dir, "airlockd"), where: "on PATH" });
+  }
+  for (const venv of [".venv", "venv"]) {
+    places.push({ path: posix.join(workspaceFolder, venv, "bin", "airlockd"), where: `in the workspace's ${venv}` });
+  }
+  if (env.HOME && posix.isAbsolute(env.HOME)) {
+    places.push({ path: posix.join(env.HOME, ".local", "bin", "airlockd"), where: "in ~/.local/bin" });
+  }
+  return places;
+}
+
+/** The first of `searchPlaces` that is executable; throws `AirlockdNotFound` when none is. */
+export function findAirlockd(
+  workspaceFolder: string,
+  env: Record<string, string | undefined>,
+  isExecutable: IsExecutable,
+): Place {
+  const places = searchPlaces(workspaceFolder, env);
+  const found = places.find((p) => isExecutable(p.path));
+  if (found) return found;
+  throw new AirlockdNotFound(places.filter((p) => p.where !== "on PATH").map((p) => p.path));
+}
+
 /** `airlockd --workspace <folder> [serverArgs] serve --stdio`, through the interpreter when one is
- * set (`python -m airlockd …`). Never a shell: arguments are passed as they are. */
+ * set (`python -m airlockd …`), else the `airlockd.path` command, else the `airlockd` that
+ * `findAirlockd` finds (with the daemon's environment: PATH and HOME as the daemon would see them).
+ * Never a shell: arguments are passed as they are. Throws `AirlockdNotFound`. */
 export function buildServerCommand(
   settings: ServerSettings,
   workspaceFolder: string,
-  baseEnv: Record<string, string | undefined> = {},
+  baseEnv: Record<string, string | undefined>,
+  isExecutable: IsExecutable,
 ): ServerCommand {
-  const head = settings.interpreter.length ? [...settings.interpreter, "-m", "airlockd"] : settings.path;
-  const [command, ...lead] = head.length ? head : DEFAULT_SETTINGS.path;
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(baseEnv)) if (v !== undefined) env[k] = v;
   Object.assign(env, settings.env);
+  let head: string[];
+  let source: string;
+  if (settings.interpreter.length) {
+    [head, source] = [[...settings.interpreter, "-m", "airlockd"], "airlockd.interpreter"];
+  } else if (settings.path.length) {
+    [head, source] = [settings.path, "airlockd.path"];
+  } else {
+    const found = findAirlockd(workspaceFolder, env, isExecutable);
+    [head, source] = [[found.path], found.where];
+  }
+  const [command, ...lead] = head;
   return {
     command,
     args: [...lead, "--workspace", workspaceFolder, ...settings.serverArgs, "serve", "--stdio"],
     cwd: workspaceFolder,
     env,
+    source,
   };
 }
 

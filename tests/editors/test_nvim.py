@@ -169,9 +169,8 @@ def test_review_in_neovim(tmp_path: Path, _state_dir: Path, _image: None) -> Non
     assert out["mod_after_undo"] == MOD and out["statusline_after_undo"] == "airlock: bot undone"
 
 
-@pytest.mark.docker
-def test_checkhealth(tmp_path: Path, _state_dir: Path, _image: None) -> None:
-    ws = workspace(tmp_path)
+def checkhealth(tmp_path: Path, ws: Path, setup: str, env: dict[str, str]) -> str:
+    """`:checkhealth airlock` in `ws` after `require('airlock').setup(<setup>)`: the report's text."""
     report = tmp_path / "health.txt"
     script = tmp_path / "health.lua"
     script.write_text(
@@ -180,17 +179,67 @@ def test_checkhealth(tmp_path: Path, _state_dir: Path, _image: None) -> None:
             vim.opt.rtp:prepend({json.dumps(str(PLUGIN))})
             vim.cmd('runtime plugin/airlock.lua')
             vim.cmd.cd({json.dumps(str(ws))})
-            require('airlock').setup({{ cmd = {{ {json.dumps(sys.executable)}, '-m', 'airlockd', 'serve' }} }})
+            require('airlock').setup({setup})
             vim.cmd('checkhealth airlock')
             vim.fn.writefile(vim.api.nvim_buf_get_lines(0, 0, -1, false), {json.dumps(str(report))})
             vim.cmd('qa!')
             """
         )
     )
-    proc = run_nvim(script, {**os.environ, "AIRLOCK_STATE_DIR": str(_state_dir)}, timeout=120)
+    proc = run_nvim(script, env, timeout=120)
     text = report.read_text() if report.exists() else ""
     assert text, proc.stderr
+    return text
+
+
+def bare_env(tmp_path: Path, state_dir: Path) -> dict[str, str]:
+    """An environment where no airlockd is on PATH nor in ~/.local/bin."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AIRLOCK_STATE_DIR": str(state_dir), "LANG": "C.UTF-8"}
+    for name in ("PYTHONPATH", "DOCKER_HOST"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+@pytest.mark.docker
+def test_checkhealth(tmp_path: Path, _state_dir: Path, _image: None) -> None:
+    ws = workspace(tmp_path)
+    text = checkhealth(
+        tmp_path,
+        ws,
+        f"{{ cmd = {{ {json.dumps(sys.executable)}, '-m', 'airlockd', 'serve' }} }}",
+        {**os.environ, "AIRLOCK_STATE_DIR": str(_state_dir)},
+    )
+    assert f"OK found {sys.executable} (cmd in setup())" in text, text
     assert "starts and answers initialize: airlockd" in text
     for line in ("container engine (engine reachable)", "runtime image (image present)", "policy (policy valid)"):
         assert f"OK {line}" in text, text
     assert "ERROR" not in text, text
+
+
+@pytest.mark.docker
+def test_checkhealth_finds_the_workspace_venv_without_cmd(tmp_path: Path, _state_dir: Path, _image: None) -> None:
+    """No cmd configured, no airlockd on PATH: the workspace's .venv/bin/airlockd is found, said,
+    and is the daemon that starts and runs doctor."""
+    ws = workspace(tmp_path).resolve()
+    airlockd = ws / ".venv" / "bin" / "airlockd"
+    airlockd.parent.mkdir(parents=True)
+    airlockd.write_text(f'#!/bin/sh\nexec {json.dumps(sys.executable)} -m airlockd "$@"\n')
+    airlockd.chmod(0o755)
+    text = checkhealth(tmp_path, ws, "{}", bare_env(tmp_path, _state_dir))
+    assert f"OK found {airlockd} (in the workspace's .venv)" in text, text
+    assert f"OK `{airlockd} serve` starts and answers initialize: airlockd" in text, text
+    for line in ("container engine (engine reachable)", "runtime image (image present)", "policy (policy valid)"):
+        assert f"OK {line}" in text, text
+    assert "ERROR" not in text, text
+
+
+def test_checkhealth_without_airlockd_names_the_places_and_the_fixes(tmp_path: Path, _state_dir: Path) -> None:
+    ws = workspace(tmp_path).resolve()
+    env = bare_env(tmp_path, _state_dir)
+    text = checkhealth(tmp_path, ws, "{}", env)
+    looked = [f"{ws}/.venv/bin/airlockd", f"{ws}/venv/bin/airlockd", f"{env['HOME']}/.local/bin/airlockd"]
+    assert f"ERROR airlockd not found: looked on PATH, then at {', '.join(looked)}" in text, text
+    assert "run `make setup` in your airlockd clone" in text and "setup({ cmd = {" in text, text

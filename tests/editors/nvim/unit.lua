@@ -172,6 +172,47 @@ it('the help file has tags and :helptags takes it', function()
   end
 end)
 
+it('airlockd found without cmd: PATH, the workspace .venv, venv, ~/.local/bin, in that order', function()
+  local config = require('airlock.config')
+  local saved, saved_path, saved_home = config.values.cmd, vim.env.PATH, vim.env.HOME
+  config.values.cmd = nil
+  vim.env.PATH, vim.env.HOME = '/usr/local/bin::rel:/usr/bin', '/home/ann'
+  local ok, err = pcall(function()
+    local all = { '/usr/bin/airlockd', '/ws/.venv/bin/airlockd', '/ws/venv/bin/airlockd', '/home/ann/.local/bin/airlockd' }
+    local where = { 'on PATH', "in the workspace's .venv", "in the workspace's venv", 'in ~/.local/bin' }
+    for i = 1, #all do
+      local asked = {}
+      local cmd, how, path = config.command('/ws', function(p)
+        table.insert(asked, p)
+        return vim.tbl_contains(vim.list_slice(all, i), p)
+      end)
+      eq({ all[i], 'serve' }, cmd, 'cmd')
+      eq(where[i], how, 'where')
+      eq(all[i], path, 'path')
+      eq('/usr/local/bin/airlockd', asked[1], 'first place asked') -- empty and relative entries skipped
+    end
+    local cmd, places = config.command('/ws', function()
+      return false
+    end)
+    eq(nil, cmd)
+    local msg, fixes = config.not_found(places)
+    eq('airlockd not found: looked on PATH, then at /ws/.venv/bin/airlockd, /ws/venv/bin/airlockd, /home/ann/.local/bin/airlockd', msg)
+    assert(fixes[1]:find('make setup', 1, true) and fixes[2]:find('cmd', 1, true), vim.inspect(fixes))
+    -- the daemon's own PATH (cmd_env) is the one searched; a configured cmd is used as it is
+    config.values.cmd_env = { PATH = '/opt/air/bin' }
+    eq({ '/opt/air/bin/airlockd', 'serve' }, (config.command('/ws', function(p)
+      return p == '/opt/air/bin/airlockd' or p == '/usr/bin/airlockd'
+    end)))
+    config.values.cmd_env = nil
+    config.values.cmd = { '/x/airlockd', 'serve' }
+    eq({ { '/x/airlockd', 'serve' }, 'cmd', '/x/airlockd' }, { config.command('/ws', function()
+      error('a configured cmd is not searched for')
+    end) })
+  end)
+  config.values.cmd, config.values.cmd_env, vim.env.PATH, vim.env.HOME = saved, nil, saved_path, saved_home
+  assert(ok, err)
+end)
+
 local f = assert(io.open(vim.env.AIRLOCK_OUT, 'w'))
 f:write(vim.json.encode(results))
 f:close()

@@ -1,4 +1,5 @@
--- :checkhealth airlock — the daemon is found and starts, and `airlockd doctor --json` says the
+-- :checkhealth airlock — the daemon is found (configured, or where it was found: PATH, the
+-- workspace's virtualenv, ~/.local/bin) and starts, and `airlockd doctor --json` says the
 -- engine is reachable, the runtime image is present and the policy is valid.
 local M = {}
 
@@ -61,7 +62,8 @@ local function starts(cmd, root, env)
 end
 
 function M.check()
-  local config = require('airlock.config').values
+  local settings = require('airlock.config')
+  local config = settings.values
   local lsp = require('airlock.lsp')
   h.start('airlock: the daemon')
   if vim.fn.has('nvim-0.10') == 0 then
@@ -69,14 +71,22 @@ function M.check()
   else
     h.ok('Neovim ' .. tostring(vim.version()))
   end
-  local cmd = config.cmd
-  local exe = cmd[1]
-  if vim.fn.executable(exe) ~= 1 then
-    h.error(exe .. ' not found', { 'install airlockd (pip install airlockd) or set cmd in require("airlock").setup()' })
+  local root = lsp.root()
+  local cmd, how, exe = settings.command(root)
+  if not cmd then
+    local msg, fixes = settings.not_found(how)
+    h.error(msg, fixes)
     return
   end
-  h.ok('found ' .. vim.fn.exepath(exe))
-  local root = lsp.root()
+  if how == 'cmd' then
+    if vim.fn.executable(exe) ~= 1 then
+      h.error(exe .. ' (cmd in setup()) not found', { 'correct cmd in require("airlock").setup(), or leave it unset: airlockd is then looked for on PATH, in the workspace\'s .venv and in ~/.local/bin' })
+      return
+    end
+    h.ok('found ' .. vim.fn.exepath(exe) .. ' (cmd in setup())')
+  else
+    h.ok('found ' .. exe .. ' (' .. how .. ')')
+  end
   local client = lsp.client()
   if client then
     h.ok(string.format('running: client %d serves %s', client.id, tostring(client.config.root_dir)))

@@ -96,17 +96,49 @@ local function root_of(bufnr)
 end
 M.root_of = root_of
 
+-- Said once per root: the FileType autocommand asks again for every buffer.
+local told = {}
+
+--- The daemon's command for `root` (configured, or airlockd found); nil, after telling the user
+--- where it was looked for, when there is none.
+local function command_for(root)
+  local cmd, how = config.command(root)
+  if cmd then
+    return cmd
+  end
+  local msg, fixes = config.not_found(how)
+  local key = root or ''
+  if not told[key] then
+    told[key] = true
+    state.add_log('error', msg)
+    vim.schedule(function()
+      vim.notify('airlock: ' .. msg .. '\n' .. table.concat(fixes, '\n') .. '\n(:checkhealth airlock)', vim.log.levels.ERROR)
+    end)
+  end
+  return nil
+end
+M.command_for = command_for
+
 local function start_rpc(dispatchers, cfg)
-  local c = config.values
-  return vim.lsp.rpc.start(c.cmd, dispatchers, { cwd = cfg and cfg.root_dir or nil, env = c.cmd_env })
+  local root = cfg and cfg.root_dir or nil
+  local cmd = command_for(root) or { 'airlockd', 'serve' } -- root_dir() only offers roots it found one for
+  return vim.lsp.rpc.start(cmd, dispatchers, { cwd = root, env = config.values.cmd_env })
 end
 
---- The client configuration (both 0.10's vim.lsp.start and 0.11's vim.lsp.config take it).
+--- The client configuration (both 0.10's vim.lsp.start and 0.11's vim.lsp.config take it);
+--- nil when no airlockd is configured or found for `root`.
 function M.client_config(root)
   local c = config.values
+  local cmd
+  if root then -- nil: 0.11's registration, which resolves the command per root (start_rpc)
+    cmd = command_for(root)
+    if not cmd then
+      return nil
+    end
+  end
   local cfg = {
     name = M.name,
-    cmd = c.cmd,
+    cmd = cmd,
     cmd_env = c.cmd_env,
     cmd_cwd = root,
     root_dir = root,
@@ -144,7 +176,10 @@ function M.register()
     local cfg = M.client_config(nil)
     cfg.root_dir = function(bufnr, on_dir)
       if is_file_buffer(bufnr) then
-        on_dir(root_of(bufnr))
+        local root = root_of(bufnr)
+        if command_for(root) then
+          on_dir(root)
+        end
       end
     end
     vim.lsp.config(M.name, cfg)
@@ -155,8 +190,9 @@ function M.register()
       callback = function(ev)
         if is_file_buffer(ev.buf) then
           local ft = config.values.filetypes
-          if not ft or vim.tbl_contains(ft, vim.bo[ev.buf].filetype) then
-            vim.lsp.start(M.client_config(root_of(ev.buf)), { bufnr = ev.buf })
+          local cfg = M.client_config(root_of(ev.buf))
+          if cfg and (not ft or vim.tbl_contains(ft, vim.bo[ev.buf].filetype)) then
+            vim.lsp.start(cfg, { bufnr = ev.buf })
           end
         end
       end,
@@ -226,6 +262,9 @@ function M.ensure()
   local bufnr = vim.api.nvim_get_current_buf()
   local root = root_of(bufnr)
   local cfg = M.client_config(root)
+  if not cfg then
+    return nil
+  end
   local id
   if NEW then
     id = vim.lsp.start(cfg, { bufnr = bufnr, attach = is_file_buffer(bufnr) })

@@ -75,6 +75,10 @@ install() {
     fi
   fi
   mkdir -p "$bindir"
+  if [ ! -w "$bindir" ]; then
+    warn "cannot write to $bindir: run as root, or choose a folder of yours (make setup BINDIR=DIR)"
+    exit 1
+  fi
   tmp=$(mktemp "$bindir/.airlockd.XXXXXX")
   trap 'rm -f "$tmp"' EXIT
   launcher >"$tmp"

@@ -180,6 +180,8 @@ def test_where_it_goes_and_a_missing_virtualenv(user: User, tmp_path: Path) -> N
         assert as_root.stdout.strip() == "/usr/local/bin/airlockd"
     chosen = user.install("where", AIRLOCK_BIN_DIR="/opt/tools/bin")
     assert chosen.stdout.strip() == "/opt/tools/bin/airlockd"
+    closed = user.install(AIRLOCK_BIN_DIR="/etc")  # a folder the user may not write to
+    assert closed.returncode == 1 and "cannot write to /etc" in closed.stderr, closed.stderr
 
     missing = user.run(["sh", str(SCRIPT)], AIRLOCK_VENV=str(tmp_path / "no-venv"))
     assert missing.returncode == 1 and "is missing: create the virtualenv first (make setup)" in missing.stderr

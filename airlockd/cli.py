@@ -1,27 +1,40 @@
-"""Command line: parses, calls the service, prints. Exit codes live in errors.py."""
+"""Command line: parses, calls the service, prints. Exit codes live in errors.py.
+
+When a daemon serves the workspace (an editor's `airlockd serve`, or one the CLI started in the
+background), the commands that decide or run go to it over its control socket (`client.py`): the
+same code, with the same state, including the editor's unsaved buffers. Otherwise a decision acts
+alone, in this process, and a run starts a background daemon that keeps the mirror warm for the
+next one (`AIRLOCK_DAEMON=off` or `--no-daemon`: always alone). See docs/daemon.md.
+
+This module imports little at the top: a command that goes to a warm daemon starts in
+milliseconds; what acts alone imports the service when it needs it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airlockd import __version__
-from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError
-from airlockd.evidence import evidence
-from airlockd.pipeline.manifest import display
-from airlockd.records import RunRecord, RunState
-from airlockd.redact import install_log_redaction, scrub
+from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError, from_json
+
+if TYPE_CHECKING:
+    from airlockd.client import Daemon
+    from airlockd.records import RunRecord
 
 Handler = Callable[[argparse.Namespace], Any]
-_ENDED_BADLY = {RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
+_ENDED_BADLY = {"limit_exceeded", "killed", "stopped"}
+_LIVE = {"admitted", "staging", "running", "inspecting"}
+
+
+class RunDoc(dict[str, Any]):
+    """One run as the CLI prints it (`--json`: this document; else `_print_run`)."""
 
 
 def _service(args: argparse.Namespace) -> Any:
@@ -30,30 +43,78 @@ def _service(args: argparse.Namespace) -> Any:
     return Service(Path(args.workspace), actor="cli")
 
 
+def _state_root(args: argparse.Namespace) -> Path:
+    from airlockd.state import StateDir
+
+    return StateDir.for_workspace(Path(args.workspace)).root
+
+
+def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
+    """The daemon serving the workspace, to be its client; with `start`, one started in the
+    background when none does. None: act alone (`--no-daemon`, `AIRLOCK_DAEMON=off`)."""
+    from airlockd import client
+
+    if args.no_daemon or client.daemon_policy() == "off":
+        return None
+    root = _state_root(args)
+    daemon = client.Daemon.connect(root)
+    if daemon is None and start:
+        try:
+            daemon = client.start_background(Path(args.workspace).resolve(), root)
+        except client.DaemonGone as exc:
+            raise AirlockError(str(exc), hint="run with --no-daemon to act without one") from None
+        except client.RemoteError as exc:  # it could not start: say why, as it said it
+            raise from_json(exc.message, exc.data) from None
+    return daemon
+
+
+def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:
+    """One command of the daemon; its errors raised as the AirlockErrors they were there."""
+    from airlockd.client import DaemonGone, RemoteError
+
+    try:
+        return daemon.command(command, arguments)
+    except RemoteError as exc:
+        raise from_json(exc.message, exc.data) from None
+    except DaemonGone as exc:
+        raise AirlockError(
+            f"the daemon serving this workspace went away: {exc}", hint="run the command again"
+        ) from None
+
+
 def _run_json(rec: RunRecord) -> dict[str, Any]:
     d = rec.model_dump(mode="json")
     d.pop("transitions", None)
     return d
 
 
-def _print_run(rec: RunRecord) -> None:
-    print(f"run {rec.id}  agent {rec.agent}  mode {rec.mode}  state {rec.state.value}")
-    if rec.transitions and rec.transitions[-1].detail:
-        print(f"  {rec.transitions[-1].detail}")
-    if rec.limit:
+def _run_doc(rec: RunRecord) -> RunDoc:
+    d = rec.model_dump(mode="json")
+    d["timeline"] = d.pop("transitions", [])
+    return RunDoc(d)
+
+
+def _print_run(doc: dict[str, Any]) -> None:
+    from airlockd.pipeline.manifest import display
+
+    print(f"run {doc['id']}  agent {doc['agent']}  mode {doc['mode']}  state {doc['state']}")
+    timeline = doc.get("timeline") or []
+    if timeline and timeline[-1].get("detail"):
+        print(f"  {timeline[-1]['detail']}")
+    if hit := doc.get("limit"):
         print(
-            f"  limit exceeded: {rec.limit.limit} measured {rec.limit.measured} > allowed {rec.limit.allowed}"
-            f" ({rec.limit.source})"
+            f"  limit exceeded: {hit['limit']} measured {hit['measured']} > allowed {hit['allowed']} ({hit['source']})"
         )
-    if rec.withheld:
-        print(f"  withheld from the agent: {', '.join(display(w['path']) for w in rec.withheld)}")
-    if rec.files:
+    if doc.get("withheld"):
+        print(f"  withheld from the agent: {', '.join(display(w['path']) for w in doc['withheld'])}")
+    if doc.get("files"):
         print("  changes:")
-        for f in rec.files:
+        for f in doc["files"]:
             print(
-                f"    {f.decision.value:6} {f.state.value:10} {f.change:12} {display(f.path)}   [{f.rule}: {f.reason}]"
+                f"    {f['decision']:6} {f['state']:10} {f['change']:12} {display(f['path'])}"
+                f"   [{f['rule']}: {f['reason']}]"
             )
-    elif rec.state in (RunState.PROPOSED, RunState.APPLIED, RunState.REJECTED):
+    elif doc["state"] in ("proposed", "applied", "rejected"):
         print("  no changes")
 
 
@@ -61,9 +122,12 @@ def _print_run(rec: RunRecord) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> Any:
+    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
+    daemon = _daemon(args, start=True)
+    if daemon is not None:
+        return _run_through(daemon, args, prompt)
     svc = _service(args)
     svc.sweep()
-    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
     if args.wait:
 
@@ -73,6 +137,8 @@ def cmd_run(args: argparse.Namespace) -> Any:
 
         rec = svc.execute(rec.id, progress)
     else:  # the run continues in its own process; `airlockd show RUN` follows it
+        import subprocess
+
         subprocess.Popen(
             [
                 sys.executable,
@@ -88,7 +154,45 @@ def cmd_run(args: argparse.Namespace) -> Any:
             stdout=subprocess.DEVNULL,
             stderr=open(svc.state.run_dir(rec.id) / "daemon.log", "ab"),  # noqa: SIM115
         )
-    return rec
+    return _run_doc(rec)
+
+
+PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
+
+
+def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
+    """`run` by the daemon: it admits and carries the run; with --wait, follow it to its end."""
+    from airlockd.client import DaemonGone
+
+    if args.wait:
+        daemon.subscribe(PROGRESS, RUN_DONE)
+    task: dict[str, Any] = {"agent": args.agent, "prompt": prompt}
+    if args.mode:
+        task["mode"] = args.mode
+    if args.follow_up:
+        task["followUp"] = args.follow_up
+    run_id = _ask(daemon, "airlock.runTask", task)["runId"]
+    if args.wait:
+        try:
+            while True:
+                note = daemon.wait_for(lambda n: (n.get("params") or {}).get("runId") == run_id)
+                if note["method"] == RUN_DONE:
+                    break
+                if not args.json:
+                    print(f"[{note['params']['stage']}] {note['params']['message']}", file=sys.stderr)
+        except DaemonGone:  # it handed the workspace over: the run goes on; follow it in the store
+            return _wait_in_store(args, run_id)
+    return RunDoc(_ask(daemon, "airlock.getRun", {"runId": run_id}))
+
+
+def _wait_in_store(args: argparse.Namespace, run_id: str) -> RunDoc:
+    from airlockd.state import StateDir
+    from airlockd.store import Store
+
+    store = Store(StateDir.for_workspace(Path(args.workspace)))
+    while (rec := store.get_run(run_id)).state.live:
+        time.sleep(0.2)
+    return _run_doc(rec)
 
 
 def cmd_mirror(args: argparse.Namespace) -> Any:
@@ -135,13 +239,19 @@ def cmd_execute(args: argparse.Namespace) -> Any:
     else:
         svc = _service(args)
     if not args.events:
-        return svc.resume(args.run) if args.resume else svc.execute(args.run)
+        return _run_doc(svc.resume(args.run) if args.resume else svc.execute(args.run))
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
+    heard = [True]
 
     def send(line: dict[str, Any]) -> None:
-        out.write(json.dumps(line, default=str) + "\n")
-        out.flush()
+        if not heard[0]:
+            return
+        try:
+            out.write(json.dumps(line, default=str) + "\n")
+            out.flush()
+        except (BrokenPipeError, ValueError):  # the daemon left (handed over): the run goes on
+            heard[0] = False
 
     svc.subscribe(lambda event, payload: send({"event": event, "payload": payload}))
     progress = lambda stage, message: send({"progress": stage, "message": svc.redactor.text(message)})  # noqa: E731
@@ -167,10 +277,12 @@ def cmd_show(args: argparse.Namespace) -> Any:
         d["transitions"] = [t.model_dump(mode="json") for t in rec.transitions]
         d["timeline"] = list(svc.audit.events(run=rec.id))
         d["policy_sources"] = list(svc.loaded.sources)
+        from airlockd.evidence import evidence
+
         d["evidence"] = evidence(svc, rec.id)
         d["policy"] = d["evidence"]["policy"]
         return d
-    _print_run(rec)
+    _print_run(_run_doc(rec))
     print("  timeline:")
     for t in rec.transitions:
         print(f"    {time.strftime('%H:%M:%S', time.localtime(t.at))} {t.state.value} {t.detail}")
@@ -191,30 +303,56 @@ def cmd_diff(args: argparse.Namespace) -> Any:
     return None
 
 
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    chosen: dict[str, Any] = {"runId": args.run}
+    if args.path:
+        chosen["paths"] = list(args.path)
+    return chosen
+
+
 def cmd_approve(args: argparse.Namespace) -> Any:
-    result = _service(args).review.approve(args.run, args.path or None)
+    daemon = _daemon(args)
+    if daemon is not None:
+        got = _ask(daemon, "airlock.approve", _selection(args))
+        doc = _ask(daemon, "airlock.getRun", {"runId": args.run})
+        doc.pop("timeline", None)
+        applied, conflicts = got["applied"], got["conflicts"]
+    else:
+        result = _service(args).review.approve(args.run, args.path or None)
+        doc, applied, conflicts = _run_json(result.run), result.applied, result.conflicts
     if args.json:
-        return {
-            "run": _run_json(result.run),
-            "applied": result.applied,
-            "conflicts": result.conflicts,
-        }
-    for p in result.applied:
+        return {"run": doc, "applied": applied, "conflicts": conflicts}
+    from airlockd.pipeline.manifest import display
+
+    for p in applied:
         print(f"applied  {display(p)}")
-    _print_run(result.run)
+    _print_run(doc)
     return None
 
 
 def cmd_reject(args: argparse.Namespace) -> Any:
-    return _service(args).review.reject(args.run, args.path or None)
+    daemon = _daemon(args)
+    if daemon is not None:
+        _ask(daemon, "airlock.reject", _selection(args))
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return _run_doc(_service(args).review.reject(args.run, args.path or None))
 
 
 def cmd_undo(args: argparse.Namespace) -> Any:
-    return _service(args).review.undo(args.run)
+    daemon = _daemon(args)
+    if daemon is not None:
+        _ask(daemon, "airlock.undo", {"runId": args.run})
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return _run_doc(_service(args).review.undo(args.run))
 
 
 def cmd_stop(args: argparse.Namespace) -> Any:
-    return _service(args).stop(args.run, kill=args.command == "kill")
+    kill = args.command == "kill"
+    daemon = _daemon(args)
+    if daemon is not None:
+        _ask(daemon, "airlock.killRun" if kill else "airlock.stopRun", {"runId": args.run})
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return _run_doc(_service(args).stop(args.run, kill=kill))
 
 
 def cmd_agents(args: argparse.Namespace) -> Any:
@@ -228,6 +366,9 @@ def cmd_agents(args: argparse.Namespace) -> Any:
 
 
 def cmd_release(args: argparse.Namespace) -> Any:
+    daemon = _daemon(args)
+    if daemon is not None:
+        return _ask(daemon, "airlock.releaseAgent", {"agent": args.agent})
     return _service(args).release(args.agent)
 
 
@@ -354,7 +495,9 @@ def cmd_serve(args: argparse.Namespace) -> Any:
     """The LSP daemon. Never prints to stdout: in stdio mode stdout carries the protocol."""
     from airlockd.lsp.transport import serve
 
-    return serve(Path(args.workspace), tcp=args.tcp)
+    return serve(
+        Path(args.workspace), tcp=args.tcp, background=args.background, idle_s=args.idle, ready_fd=args.ready_fd
+    )
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -368,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="project folder (default: the current directory)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON document on stdout")
+    common.add_argument(
+        "--no-daemon",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="act in this process even when a daemon serves the workspace (also AIRLOCK_DAEMON=off)",
+    )
     p = argparse.ArgumentParser(
         prog="airlockd", parents=[common], description="Run coding agents without trusting them."
     )
@@ -443,23 +592,29 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--tcp", metavar="HOST:PORT", help="listen on loopback; clients present the token in the state dir"
     )
+    how.add_argument(
+        "--background",
+        action="store_true",
+        help="no editor: serve the CLI on the control socket only, and leave when idle (the CLI starts it)",
+    )
+    sp.add_argument("--idle", type=float, metavar="S", help="with --background: leave after S seconds idle")
+    sp.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # client.start_background's pipe
     return p
 
 
 def _emit(result: Any, as_json: bool) -> int:
     if isinstance(result, int) and not isinstance(result, bool):
         return result
-    rec = result if isinstance(result, RunRecord) else None
     if as_json and result is not None:
-        out = scrub(_run_json(result) if rec else result)  # stored data is masked already; this is the last net
-        if isinstance(out, dict) and rec is not None:
-            out = {**out, "timeline": [t.model_dump(mode="json") for t in rec.transitions]}
+        from airlockd.redact import scrub
+
+        out = scrub(result)  # stored data is masked already; this is the last net
         print(json.dumps(out, indent=2, default=str))
-    elif rec is not None:
-        _print_run(rec)
+    elif isinstance(result, RunDoc):
+        _print_run(result)
     elif isinstance(result, dict) and not as_json:
         print(json.dumps(result, indent=2, default=str))
-    if rec is not None and rec.state in _ENDED_BADLY:
+    if isinstance(result, RunDoc) and result.get("state") in _ENDED_BADLY:
         return EXIT_LIMIT
     return 0
 
@@ -472,6 +627,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0) if exc.code in (0, None) else EXIT_USAGE
     args.workspace = getattr(args, "workspace", None) or os.getcwd()
     args.json = getattr(args, "json", False)
+    args.no_daemon = getattr(args, "no_daemon", False)
+    import logging
+
+    from airlockd.redact import install_log_redaction, scrub
+
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         stream=sys.stderr,

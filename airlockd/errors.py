@@ -97,3 +97,24 @@ class CommitError(AirlockError):
 
     rpc_code = -32031
     kind = "commit_failed"
+
+
+def from_json(message: str, data: Any) -> AirlockError:
+    """An error answered by the daemon (its `data` is `to_json()`) as the AirlockError it was."""
+    data = dict(data) if isinstance(data, dict) else {}
+    kind = data.pop("error", "error")
+    msg = data.pop("message", message)
+    hint = data.pop("hint", None)
+    cls = next((c for c in _subclasses(AirlockError) if c.kind == kind), AirlockError)
+    if cls is ConflictError:
+        return ConflictError(msg, paths=list(data.get("paths") or []), hint=hint)
+    err = AirlockError.__new__(cls)
+    AirlockError.__init__(err, msg, hint=hint, **data)
+    return err
+
+
+def _subclasses(cls: type[AirlockError]) -> list[type[AirlockError]]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airlockd import execution
-from airlockd.errors import EngineError
+from airlockd.errors import EngineError, NotFoundError, UsageError
 from airlockd.pipeline import stagers
 from airlockd.pipeline.commit import recover
 from airlockd.records import (
@@ -84,7 +84,7 @@ def sweep(svc: Service) -> dict[str, int]:
     decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
     folders = staging = 0
     for run_dir in sorted(svc.state.runs.iterdir()) if svc.state.runs.is_dir() else []:
-        rec = runs.get(run_dir.name)
+        rec = runs.get(run_dir.name) or _admitted_since(svc, run_dir.name)
         if rec is None:
             if capfs.is_mount(run_dir / "staging"):
                 capfs.unmount(run_dir / "staging")
@@ -97,6 +97,16 @@ def sweep(svc: Service) -> dict[str, int]:
     if any(swept.values()):
         svc.audit.append("recovery.swept", policy=svc.loaded.revision, swept=swept)
     return swept
+
+
+def _admitted_since(svc: Service, run_id: str) -> RunRecord | None:
+    """A run admitted after the sweep listed the runs (a daemon sweeps while it admits): its
+    record is stored before its folder is made, so a folder whose record exists now is not stray."""
+    try:
+        rec = svc.store.get_run(run_id)
+    except (NotFoundError, UsageError):  # no such run; or a prefix of several: not a run's folder
+        return None
+    return rec if rec.id == run_id else None
 
 
 def reattach(svc: Service, rec: RunRecord) -> bool:

@@ -8,12 +8,13 @@ these methods from worker threads, never from its event loop.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def _noop(stage: str, message: str) -> None:
     pass
 
 
+_ACTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("airlock_actor", default=None)
+
+
+@contextlib.contextmanager
+def acting_as(actor: str) -> Iterator[None]:
+    """What is decided inside (and in the threads it hops to) is audited as `actor`: the daemon
+    acts for the CLI that asked it over the control socket."""
+    token = _ACTING.set(actor)
+    try:
+        yield
+    finally:
+        _ACTING.reset(token)
+
+
 class Service:
     """One workspace's airlockd: policy, store, audit, sandbox and the run lifecycle."""
 
@@ -70,7 +85,7 @@ class Service:
 
             raise UsageError(f"workspace {self.workspace} is not a directory")
         self.state = StateDir.for_workspace(self.workspace).ensure()
-        self.actor = actor
+        self._actor = actor
         self.redactor = Redactor()
         install_log_redaction()  # every log line of this process is masked with what it knows
         self.store = Store(self.state)
@@ -96,6 +111,11 @@ class Service:
         self.review = Review(self)
         recovery.recover_journals(self)
         recovery.reconcile(self)
+
+    @property
+    def actor(self) -> str:
+        """Who decisions are audited as: this door ("cli", "lsp"), or who `acting_as` names."""
+        return _ACTING.get() or self._actor
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -149,6 +169,7 @@ class Service:
     def close(self) -> None:
         if self.keeper is not None:
             self.keeper.close()
+            self.keeper = None
 
     @property
     def policy(self) -> Any:

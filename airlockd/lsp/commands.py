@@ -24,7 +24,7 @@ from airlockd.review import Review
 from airlockd.service import Service
 
 log = logging.getLogger(__name__)
-ACTOR = "lsp"
+
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -115,15 +115,15 @@ def approve(svc: Service, args: DecideArgs, dirty: set[str]) -> dict[str, Any]:
     applied: list[str] = []
     conflicts: list[str] = []
     if args.hunks:
-        result = review.approve_hunks(args.runId, args.hunks, actor=ACTOR, dirty=dirty)
+        result = review.approve_hunks(args.runId, args.hunks, dirty=dirty)
         applied += result.applied
     if args.paths or not args.hunks:
         rec = svc.store.get_run(args.runId)
         by_hunk, rest = split_selection(review, rec, args.paths)
         if by_hunk:
-            applied += review.approve_hunks(rec.id, by_hunk, actor=ACTOR, dirty=dirty).applied
+            applied += review.approve_hunks(rec.id, by_hunk, dirty=dirty).applied
         if rest or not by_hunk:
-            result = review.approve(rec.id, rest or args.paths, actor=ACTOR, dirty=dirty)
+            result = review.approve(rec.id, rest or args.paths, dirty=dirty)
             applied += result.applied
             conflicts += result.conflicts
     rec = svc.store.get_run(args.runId)
@@ -133,16 +133,16 @@ def approve(svc: Service, args: DecideArgs, dirty: set[str]) -> dict[str, Any]:
 def reject(svc: Service, args: DecideArgs) -> dict[str, Any]:
     review = svc.review
     if args.hunks:
-        review.reject_hunks(args.runId, args.hunks, actor=ACTOR)
+        review.reject_hunks(args.runId, args.hunks)
     if args.paths or not args.hunks:
         rec = svc.store.get_run(args.runId)
         by_hunk, rest = split_selection(review, rec, args.paths)
         if by_hunk:
-            review.reject_hunks(rec.id, by_hunk, actor=ACTOR)
+            review.reject_hunks(rec.id, by_hunk)
         rec = svc.store.get_run(rec.id)
         conflicted = any(f.state is FileState.CONFLICTED for f in rec.files)
         if rest or (not args.paths and (rec.pending or conflicted)):
-            review.reject(rec.id, rest or args.paths, actor=ACTOR)
+            review.reject(rec.id, rest or args.paths)
     rec = svc.store.get_run(args.runId)
     return {"runId": rec.id, "state": rec.state.value}
 
@@ -204,7 +204,7 @@ async def reject_cmd(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 async def undo(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     a = parse(RunArgs, arguments)
     try:
-        rec = await ls.decide(ls.service.review.undo, a.runId, actor=ACTOR)
+        rec = await ls.decide(ls.service.review.undo, a.runId)
     finally:
         ls.spawn(status.push_proposal(ls, a.runId), name=f"proposal {a.runId}")
     return {"runId": rec.id, "state": rec.state.value}

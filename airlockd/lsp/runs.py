@@ -5,6 +5,7 @@ badly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 BAD_ENDINGS = {RunState.FAILED, RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
 _PERCENT = {"staging": 10, "running": 40, "inspecting": 80}
+PROGRESS = "airlock/progress"  # control clients only: {runId, stage, message}
+RUN_DONE = "airlock/runDone"  # control clients only: {runId, state}, once the run's process ended
 
 
 def outcome(rec: RunRecord) -> tuple[types.MessageType, str] | None:
@@ -79,6 +82,7 @@ class RunProgress:
         self.ls.spawn(self.ls.call(svc.stop, self.run_id), name=f"stop {self.run_id}")
 
     def report(self, stage: str, message: str) -> None:  # on the loop
+        self.ls.tell_control(PROGRESS, {"runId": self.run_id, "stage": stage, "message": message})
         if self.on:
             self.ls.work_done_progress.report(
                 self.token,
@@ -92,6 +96,17 @@ class RunProgress:
 
 
 async def execute(ls: AirlockServer, run_id: str) -> None:
+    """Carry a run (`carry`), then tell the control clients waiting on it that it is done."""
+    try:
+        await carry(ls, run_id)
+    finally:
+        state = None
+        with contextlib.suppress(Exception):
+            state = (await ls.call(ls.service.store.get_run, run_id)).state.value
+        ls.tell_control(RUN_DONE, {"runId": run_id, "state": state})
+
+
+async def carry(ls: AirlockServer, run_id: str) -> None:
     """Take an admitted run to its end in the background; the client hears of every step.
 
     The run is carried by its own process (`airlockd _execute --events`): copying, hashing and

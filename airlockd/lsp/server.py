@@ -11,13 +11,17 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from airlockd import __version__
 from airlockd.service import Service
+
+if TYPE_CHECKING:
+    from airlockd.lsp.control import ControlServer
+    from airlockd.lsp.follow import StoreFollower
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,6 +33,8 @@ class AirlockServer(LanguageServer):
     def __init__(self, service: Service) -> None:
         super().__init__("airlockd", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         self.service = service
+        # what a client that never said `initialize` can do (a background daemon has none): nothing
+        self.protocol.client_capabilities = types.ClientCapabilities()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
         # Decisions (approve / reject / undo / conflict marks / expiry) one at a time, so the
@@ -39,6 +45,9 @@ class AirlockServer(LanguageServer):
         self.on_proposal_change: list[Callable[[str], None]] = []  # watching, codelens refresh
         self.run_list: Any = None  # commands.RunList, made on first use
         self.launcher: Any = None  # launcher.Launcher: forks run processes (None: each is started anew)
+        self.control: ControlServer | None = None  # the control socket the CLI reaches this daemon on
+        self.upkeep_started = False
+        self.follower: StoreFollower | None = None  # what changed runs outside this daemon (follow.py)
 
     # -- threads and tasks --------------------------------------------------------------------
 
@@ -74,12 +83,54 @@ class AirlockServer(LanguageServer):
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(fn, *args)
 
+    @property
+    def has_client(self) -> bool:
+        """Whether an editor is connected (a background daemon serves the control socket only)."""
+        return self.protocol.writer is not None
+
     def notify(self, method: str, payload: Any) -> None:
-        """Send a notification; only ever on the loop thread."""
-        self.protocol.notify(method, payload)
+        """Send a notification to the editor and to the control clients that asked for it; only
+        ever on the loop thread."""
+        if self.follower is not None:
+            self.follower.announced(method, payload)
+        if self.has_client:
+            self.protocol.notify(method, payload)
+        if self.control is not None:
+            self.control.broadcast(method, payload)
+
+    def tell_control(self, method: str, payload: Any) -> None:
+        """A notification only the control clients hear (run progress and ends, for the CLI)."""
+        if self.control is not None:
+            self.control.broadcast(method, payload)
 
     def show(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
-        self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+        if self.has_client:
+            self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+    async def wind_down(self) -> None:
+        """Stop watching and keeping mirrors, and the launcher. The runs this daemon carries go
+        on in their own processes (and are followed by whichever daemon serves next)."""
+        from airlockd.lsp import watching
+
+        watching.stop(self)
+        self.service.close()
+        if self.launcher is not None:
+            await self.launcher.stop()
+            self.launcher = None
+
+    def start_upkeep(self) -> None:
+        """Keep the mirrors and the launcher ready for runs (once; at `initialize`, or at the start
+        of a daemon no editor talks to)."""
+        from airlockd.lsp import follow, upkeep
+
+        if self.upkeep_started:
+            return
+        self.upkeep_started = True
+        self.loop = asyncio.get_running_loop()
+        self.spawn(upkeep.prime(self), name="mirror keeper")
+        self.spawn(upkeep.start_launcher(self), name="launcher")
+        self.spawn(follow.follow(self), name="store follower")
+        self.spawn(upkeep.sweep(self), name="sweep")
 
     def proposal_changed(self, run_id: str) -> None:
         for fn in list(self.on_proposal_change):
@@ -88,24 +139,18 @@ class AirlockServer(LanguageServer):
 
 def create_server(service: Service) -> AirlockServer:
     """The server with every feature wired in."""
-    from airlockd.lsp import codelens, commands, documents, status, upkeep
+    from airlockd.lsp import codelens, commands, documents, status
     from airlockd.lsp import watching as watch
 
     server = AirlockServer(service)
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: AirlockServer, params: types.InitializeParams) -> None:
-        ls.loop = asyncio.get_running_loop()
-        ls.spawn(upkeep.prime(ls), name="mirror keeper")
-        ls.spawn(upkeep.start_launcher(ls), name="launcher")
+        ls.start_upkeep()
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: AirlockServer, params: Any) -> None:
-        watch.stop(ls)
-        ls.service.close()
-        if ls.launcher is not None:
-            await ls.launcher.stop()
-            ls.launcher = None
+        await ls.wind_down()
 
     status.setup(server)
     commands.setup(server)

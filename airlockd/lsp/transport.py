@@ -23,12 +23,13 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from airlockd.errors import UsageError
+from airlockd.errors import AirlockError, UsageError
 from airlockd.state import StateDir
 
 log = logging.getLogger(__name__)
@@ -42,32 +43,71 @@ _LENGTH = re.compile(rb"^Content-Length: (\d+)\r\n$", re.IGNORECASE)
 # -- one writer per workspace ---------------------------------------------------------------------
 
 
-def acquire_lock(state: StateDir) -> FileLock:
-    """Hold the workspace's serve lock for the life of the process, or refuse clearly."""
+def acquire_lock(state: StateDir, mode: str) -> FileLock:
+    """Hold the workspace's serve lock for the life of the process, or refuse clearly. A daemon
+    started in the background by the CLI hands the workspace over to an editor's daemon."""
     state.ensure()
     lock = FileLock(str(state.root / "serve.lock"), timeout=0)
-    info = state.root / "serve.json"
     try:
         lock.acquire()
     except Timeout:
-        who = ""
-        try:
-            d = json.loads(info.read_text())
-            who = f" (pid {d.get('pid')}" + (f", tcp {d['host']}:{d['port']}" if d.get("port") else ", stdio") + ")"
-        except (OSError, ValueError):
-            pass
-        raise UsageError(
-            f"another `airlockd serve`{who} is already serving the workspace {state.workspace}",
-            hint="use that daemon (one writer per workspace), or stop it first",
-        ) from None
-    write_info(state, None, None)
+        holder = _info(state)
+        if mode == "background" or holder.get("mode") != "background" or not _hand_over(state):
+            who = ""
+            if holder:
+                where = f"tcp {holder['host']}:{holder['port']}" if holder.get("port") else holder.get("mode", "stdio")
+                who = f" (pid {holder.get('pid')}, {where})"
+            raise UsageError(
+                f"another `airlockd serve`{who} is already serving the workspace {state.workspace}",
+                hint="use that daemon (one writer per workspace), or stop it first",
+            ) from None
+        try:  # the background daemon is leaving; its lock is ours as soon as it has left
+            lock.acquire(timeout=HANDOVER_S)
+        except Timeout:
+            raise UsageError(
+                f"the background daemon (pid {holder.get('pid')}) of {state.workspace} did not leave"
+                f" within {HANDOVER_S:.0f} s",
+                hint=f"stop it (kill {holder.get('pid')}) and start again",
+            ) from None
+    write_info(state, None, None, mode)
     return lock
 
 
-def write_info(state: StateDir, host: str | None, port: int | None) -> None:
+HANDOVER_S = 30.0
+
+
+def _info(state: StateDir) -> dict[str, Any]:
+    try:
+        doc = json.loads((state.root / "serve.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _hand_over(state: StateDir) -> bool:
+    """Ask the workspace's background daemon to leave; whether it agreed."""
+    from airlockd.client import Daemon, DaemonGone, RemoteError
+
+    daemon = Daemon.connect(state.root)
+    if daemon is None:
+        return False
+    try:
+        daemon.request("airlock/handover")
+        return True
+    except DaemonGone:  # it left before its answer was read
+        return True
+    except (RemoteError, OSError) as exc:
+        log.warning("the background daemon did not hand over: %s", exc)
+        return False
+    finally:
+        daemon.close()
+
+
+def write_info(state: StateDir, host: str | None, port: int | None, mode: str = "stdio") -> None:
     path = state.root / "serve.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "host": host, "port": port, "workspace": str(state.workspace)}))
+    doc = {"pid": os.getpid(), "mode": mode, "host": host, "port": port, "workspace": str(state.workspace)}
+    tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
 
 
@@ -230,7 +270,8 @@ def serve_tcp(server: Any, state: StateDir, host: str, port: int) -> None:
         listener = await asyncio.start_server(connection, host, port)
         listening.append(listener)
         bound = listener.sockets[0].getsockname()[1]
-        write_info(state, host, bound)
+        write_info(state, host, bound, "tcp")
+        await _open_control(server, state, "tcp")
         sys.stderr.write(f"airlockd: serving {state.workspace} on {host}:{bound}; token in {token_path(state)}\n")
         async with listener:
             with contextlib.suppress(asyncio.CancelledError):
@@ -257,9 +298,18 @@ class _AnsweredErrors(logging.Filter):
         return not (isinstance(exc, JsonRpcException) and not isinstance(exc, JsonRpcInternalError))
 
 
-def serve(workspace: Path, tcp: str | None = None) -> int:
-    """`airlockd serve`: take the workspace's lock, start the Service, serve until the client leaves.
-    In stdio mode nothing but the protocol is ever written to stdout."""
+def serve(
+    workspace: Path,
+    tcp: str | None = None,
+    *,
+    background: bool = False,
+    idle_s: float | None = None,
+    ready_fd: int | None = None,
+) -> int:
+    """`airlockd serve`: take the workspace's lock, start the Service, serve until the client leaves
+    (stdio, TCP) or, started in the background by the CLI, until idle or handed over. Every mode
+    also listens on the control socket, where the CLI reaches it. In stdio mode nothing but the
+    protocol is ever written to stdout."""
     from airlockd.lsp.server import create_server
     from airlockd.service import Service
 
@@ -268,14 +318,132 @@ def serve(workspace: Path, tcp: str | None = None) -> int:
     sys.stdout = sys.stderr  # a stray print must never corrupt the protocol stream
     state = StateDir.for_workspace(workspace)
     hostport = parse_hostport(tcp) if tcp else None
-    lock = acquire_lock(state)
+    mode = "background" if background else "tcp" if hostport else "stdio"
+    ready = _Ready(ready_fd)
     try:
-        server = create_server(Service(workspace, actor="lsp"))
-        if hostport:
+        lock = acquire_lock(state, mode)
+    except AirlockError as exc:
+        ready.failed(exc)
+        raise
+    server = None
+    try:
+        try:
+            server = create_server(Service(workspace, actor="lsp"))
+        except AirlockError as exc:
+            ready.failed(exc)
+            raise
+        if background:
+            asyncio.run(_serve_background(server, state, IDLE_S if idle_s is None else idle_s, ready))
+        elif hostport:
             serve_tcp(server, state, *hostport)
         else:
-            server.start_io(sys.stdin.buffer, stdout)
+            _serve_stdio(server, state, sys.stdin.buffer, stdout)
     finally:
-        (state.root / "serve.json").unlink(missing_ok=True)
+        if server is not None:
+            server.service.close()
+        for name in ("serve.json", "control.sock"):
+            (state.root / name).unlink(missing_ok=True)
         lock.release()
     return 0
+
+
+IDLE_S = float(os.environ.get("AIRLOCK_DAEMON_IDLE_S", "900"))
+
+
+async def _open_control(server: Any, state: StateDir, mode: str, on_handover: Any = None) -> Any:
+    from airlockd.lsp.control import ControlServer, socket_path
+
+    server.loop = asyncio.get_running_loop()
+    control = ControlServer(server, socket_path(state.root), mode, on_handover)
+    await control.start()
+    server.control = control
+    return control
+
+
+def _serve_stdio(server: Any, state: StateDir, stdin: Any, stdout: Any) -> None:
+    """pygls' stdio loop, with the control socket on the same event loop."""
+    from pygls.io_ import StdinAsyncReader, StdoutWriter, run_async
+
+    server._stop_event = stop_event = threading.Event()
+
+    async def main() -> None:
+        control = await _open_control(server, state, "stdio")
+        server.protocol.set_writer(StdoutWriter(stdout))
+        try:
+            await run_async(
+                stop_event=stop_event,
+                reader=StdinAsyncReader(stdin, server.thread_pool),
+                protocol=server.protocol,
+                logger=log,
+                error_handler=server.report_server_error,
+            )
+        finally:
+            await control.close()
+
+    try:
+        asyncio.run(main())
+    except BrokenPipeError:
+        log.error("the connection to the client is lost; shutting down")
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.shutdown()
+
+
+class _Ready:
+    """The pipe a background daemon tells the command that started it whether it serves (`ok`)
+    or why not (the error as JSON), so that command says what went wrong, not "see the log"."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def _say(self, doc: dict[str, Any]) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.fd, json.dumps(doc).encode() + b"\n")
+            os.close(self.fd)
+        self.fd = None
+
+    def ok(self) -> None:
+        self._say({"ok": True, "pid": os.getpid()})
+
+    def failed(self, exc: AirlockError) -> None:
+        self._say({"ok": False, "error": exc.to_json()})
+
+
+async def _serve_background(server: Any, state: StateDir, idle_s: float, ready: _Ready) -> None:
+    """No editor: the control socket only. Leaves after `idle_s` without a client or a run it
+    carries, on SIGTERM, or when an editor's daemon asks for the workspace (the runs it carries
+    go on in their own processes and are followed by the next daemon)."""
+    import signal
+
+    from airlockd.lsp import watching
+
+    leave = asyncio.Event()
+    control = await _open_control(server, state, "background", leave.set)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, leave.set)
+    server.start_upkeep()
+    watching.start(server)
+    ready.ok()
+    log.info("serving %s in the background (leaves after %.0f s idle)", state.workspace, idle_s)
+    try:
+        while not leave.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(leave.wait(), min(2.0, max(idle_s, 0.05)))
+            busy = (
+                control.connections
+                or server.run_processes
+                or any(t.get_name().startswith("run ") for t in server.tasks)
+            )
+            if not busy and time.monotonic() - control.last_activity > idle_s:
+                log.info("idle for %.0f s: leaving", idle_s)
+                break
+    finally:
+        await control.close()
+        await server.wind_down()
+        for task in list(server.tasks):
+            task.cancel()
+        server.shutdown()

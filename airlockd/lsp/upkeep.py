@@ -62,3 +62,15 @@ async def start_launcher(ls: AirlockServer) -> None:
         log.warning("no launcher (each run process starts anew): %s", exc)
         return
     ls.launcher = launcher
+
+
+async def sweep(ls: AirlockServer) -> None:
+    """Reap what no live run owns (orphaned containers, stray run folders, leftover staging) when
+    the daemon starts, as the CLI does before a run it carries itself."""
+    try:
+        swept = await ls.call(ls.service.sweep)
+    except Exception:  # the next start tries again; a run is never held up by it
+        log.exception("sweep at start-up failed")
+        return
+    if any(swept.values()):
+        log.info("swept at start-up: %s", swept)

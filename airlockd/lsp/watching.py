@@ -81,18 +81,25 @@ def _watch(ls: AirlockServer) -> Watch:
 def setup(server: AirlockServer) -> None:
     @server.feature(types.INITIALIZED)
     def initialized(ls: AirlockServer, params: types.InitializedParams) -> None:
-        w = _watch(ls)
-        w.observer = Observer()
-        w.observer.daemon = True
-        w.observer.schedule(_Events(ls, w.workspace), str(w.workspace), recursive=False)
-        w.observer.start()
-        ls.spawn(_expiry_loop(ls), name="expiry")
-        ls.spawn(refresh(ls), name="watch refresh")
+        start(ls)
 
     def on_change(run_id: str) -> None:
         server.spawn(refresh(server), name="watch refresh")
 
     server.on_proposal_change.append(on_change)
+
+
+def start(ls: AirlockServer) -> None:
+    """Watch the policy file (and the tree while proposals wait), and expire proposals (once)."""
+    w = _watch(ls)
+    if w.observer is not None:
+        return
+    w.observer = Observer()
+    w.observer.daemon = True
+    w.observer.schedule(_Events(ls, w.workspace), str(w.workspace), recursive=False)
+    w.observer.start()
+    ls.spawn(_expiry_loop(ls), name="expiry")
+    ls.spawn(refresh(ls), name="watch refresh")
 
 
 def stop(ls: AirlockServer) -> None:

@@ -17,6 +17,7 @@ from airlockd import __version__
 from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError
 from airlockd.evidence import evidence
 from airlockd.pipeline.manifest import display
+from airlockd.protocol import ProgressEvent, RunEvent
 from airlockd.records import RunRecord, RunState
 from airlockd.redact import install_log_redaction, scrub
 
@@ -139,12 +140,14 @@ def cmd_execute(args: argparse.Namespace) -> Any:
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
 
-    def send(line: dict[str, Any]) -> None:
-        out.write(json.dumps(line, default=str) + "\n")
+    def send(event: RunEvent) -> None:
+        out.write(event.line())
         out.flush()
 
-    svc.subscribe(lambda event, payload: send({"event": event, "payload": payload}))
-    progress = lambda stage, message: send({"progress": stage, "message": svc.redactor.text(message)})  # noqa: E731
+    def progress(stage: str, message: str) -> None:
+        send(RunEvent(ProgressEvent(type="progress", stage=RunState(stage), message=svc.redactor.text(message))))
+
+    svc.subscribe(lambda event, payload: send(RunEvent.of_service(event, payload)))
     svc.resume(args.run, progress) if args.resume else svc.execute(args.run, progress)
     return None
 

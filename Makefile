@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 AIRLOCK := $(VENV)/bin/airlockd
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup engine image demo test lint bench clean vscode code-server
+.PHONY: setup engine image demo test lint bench clean vscode code-server protocol
 
 setup: $(STAMP)
 
@@ -32,6 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check airlockd tests
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
+	$(PY) -m airlockd.protocol --check $(SCHEMA)
 
 test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q
@@ -41,6 +42,15 @@ test: image lint vscode code-server
 # node --test unit and glue tests, the esbuild bundle and `vsce package` -> out/airlockd.vsix.
 VSCODE := editors/vscode
 
+# The wire: airlockd/protocol.py -> JSON Schema -> the extension's TypeScript types, both committed
+# and both checked (`lint` the schema, `vscode` the TypeScript); `make protocol` regenerates them.
+SCHEMA := $(VSCODE)/schema/airlock.schema.json
+PROTOCOL_TS := $(VSCODE)/src/logic/protocol.gen.ts
+
+protocol: setup $(VSCODE)/node_modules/.ci-stamp
+	$(PY) -m airlockd.protocol --schema > $(SCHEMA)
+	cd $(VSCODE) && npm run --silent protocol < schema/airlock.schema.json > src/logic/protocol.gen.ts
+
 $(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.json
 	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
 	@! grep -n '"resolved"' $(VSCODE)/package-lock.json || (echo "$(VSCODE)/package-lock.json records download addresses" >&2; false)
@@ -48,6 +58,8 @@ $(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.
 	@touch $@
 
 vscode: $(VSCODE)/node_modules/.ci-stamp
+	@cd $(VSCODE) && npm run --silent protocol < schema/airlock.schema.json | diff -u src/logic/protocol.gen.ts - \
+		|| (echo "$(PROTOCOL_TS) is out of date with $(SCHEMA): run \`make protocol\` and commit both" >&2; false)
 	cd $(VSCODE) && npx tsc -p .
 	cd $(VSCODE) && npm run --silent test:unit
 	cd $(VSCODE) && npm run --silent test:glue

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,7 +33,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from airlockd.pipeline.manifest import ChangeKind
 from airlockd.policy import Admission, Decision, Limits, Mode
-from airlockd.records import Applied, FileState, RunState, Transition
+from airlockd.records import Applied, FileState, HunkState, RunState, Transition
 
 __all__ = [
     "AgentArgs",
@@ -68,15 +67,6 @@ __all__ = [
     "StatusEvent",
     "WorkspaceEdit",
 ]
-
-
-class HunkState(StrEnum):
-    """Where review stands for one hunk (a hunk of a decided file takes the file's state)."""
-
-    PENDING = "pending"
-    ACCEPTED = "accepted"
-    REJECTED = "rejected"
-    CONFLICTED = "conflicted"
 
 
 class Wire(BaseModel):

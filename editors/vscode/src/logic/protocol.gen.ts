@@ -23,7 +23,8 @@ export type ChangeKind = "created" | "modified" | "deleted" | "mode_changed" | "
 export type Decision = "auto" | "review" | "deny";
 export type FileState = "pending" | "accepted" | "rejected" | "conflicted" | "denied";
 /**
- * Where review stands for one hunk (a hunk of a decided file takes the file's state).
+ * Where review stands for one hunk (`FileReview.hunks` keeps the decided ones; a hunk of a
+ * decided file takes the file's state).
  */
 export type HunkState = "pending" | "accepted" | "rejected" | "conflicted";
 export type Mode = "review" | "auto";

@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # Where `make setup` puts the `airlockd` launcher (empty: /usr/local/bin as root, else ~/.local/bin).
 BINDIR  ?=
 
-.PHONY: setup unlink uninstall engine image demo test lint bench clean vscode code-server
+.PHONY: setup unlink uninstall engine image demo test lint bench clean vscode code-server protocol
 
 # The virtualenv, then a launcher for its airlockd on the user's PATH (scripts/install-launcher.sh).
 setup: $(STAMP)
@@ -40,6 +40,7 @@ lint: setup
 	$(VENV)/bin/ruff check airlockd tests
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
+	$(PY) -m airlockd.protocol --check $(SCHEMA)
 
 test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q
@@ -49,6 +50,15 @@ test: image lint vscode code-server
 # node --test unit and glue tests, the esbuild bundle and `vsce package` -> out/airlockd.vsix.
 VSCODE := editors/vscode
 
+# The wire: airlockd/protocol.py -> JSON Schema -> the extension's TypeScript types, both committed
+# and both checked (`lint` the schema, `vscode` the TypeScript); `make protocol` regenerates them.
+SCHEMA := $(VSCODE)/schema/airlock.schema.json
+PROTOCOL_TS := $(VSCODE)/src/logic/protocol.gen.ts
+
+protocol: setup $(VSCODE)/node_modules/.ci-stamp
+	$(PY) -m airlockd.protocol --schema > $(SCHEMA)
+	cd $(VSCODE) && npm run --silent protocol < schema/airlock.schema.json > src/logic/protocol.gen.ts
+
 $(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.json
 	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
 	@! grep -n '"resolved"' $(VSCODE)/package-lock.json || (echo "$(VSCODE)/package-lock.json records download addresses" >&2; false)
@@ -56,6 +66,8 @@ $(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.
 	@touch $@
 
 vscode: $(VSCODE)/node_modules/.ci-stamp
+	@cd $(VSCODE) && npm run --silent protocol < schema/airlock.schema.json | diff -u src/logic/protocol.gen.ts - \
+		|| (echo "$(PROTOCOL_TS) is out of date with $(SCHEMA): run \`make protocol\` and commit both" >&2; false)
 	cd $(VSCODE) && npx tsc -p .
 	cd $(VSCODE) && npm run --silent test:unit
 	cd $(VSCODE) && npm run --silent test:glue

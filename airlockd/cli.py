@@ -240,21 +240,26 @@ def cmd_execute(args: argparse.Namespace) -> Any:
         svc = _service(args)
     if not args.events:
         return _run_doc(svc.resume(args.run) if args.resume else svc.execute(args.run))
+    from airlockd.protocol import ProgressEvent, RunEvent
+    from airlockd.records import RunState
+
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
     heard = [True]
 
-    def send(line: dict[str, Any]) -> None:
+    def send(event: RunEvent) -> None:
         if not heard[0]:
             return
         try:
-            out.write(json.dumps(line, default=str) + "\n")
+            out.write(event.line())
             out.flush()
         except (BrokenPipeError, ValueError):  # the daemon left (handed over): the run goes on
             heard[0] = False
 
-    svc.subscribe(lambda event, payload: send({"event": event, "payload": payload}))
-    progress = lambda stage, message: send({"progress": stage, "message": svc.redactor.text(message)})  # noqa: E731
+    def progress(stage: str, message: str) -> None:
+        send(RunEvent(ProgressEvent(type="progress", stage=RunState(stage), message=svc.redactor.text(message))))
+
+    svc.subscribe(lambda event, payload: send(RunEvent.of_service(event, payload)))
     svc.resume(args.run, progress) if args.resume else svc.execute(args.run, progress)
     return None
 

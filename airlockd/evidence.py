@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airlockd.pipeline.manifest import scan
 from airlockd.pipeline.treedigest import SCHEME, TreeDigest
+from airlockd.protocol import EvidenceDocument
 from airlockd.records import RunRecord, RunState
 
 if TYPE_CHECKING:
@@ -157,4 +158,5 @@ def evidence(service: Service, run_id: str) -> dict[str, Any]:
         "workspace": _workspace_proof(service, rec),
         "timeline": timeline,
     }
-    return dict(service.redactor.value(out))
+    doc = EvidenceDocument.model_validate(out)  # the wire's shape, checked before it leaves
+    return dict(service.redactor.value(doc.wire()))

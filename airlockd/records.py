@@ -64,6 +64,16 @@ class FileState(StrEnum):
     DENIED = "denied"
 
 
+class HunkState(StrEnum):
+    """Where review stands for one hunk (`FileReview.hunks` keeps the decided ones; a hunk of a
+    decided file takes the file's state)."""
+
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    CONFLICTED = "conflicted"
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

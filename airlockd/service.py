@@ -28,6 +28,7 @@ from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline import admission, stagers
 from airlockd.pipeline.keeper import MirrorKeeper
 from airlockd.policy import Level, LoadedPolicy, Mode, load_policy
+from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
 from airlockd.records import (
     RunRecord,
     RunState,
@@ -240,26 +241,23 @@ class Service:
     def run_status(self, rec: RunRecord, sample: dict[str, float] | None = None) -> dict[str, Any]:
         """The `airlock/runStatus` payload: state and resource use of one run."""
         sample = sample or {}
-        return {
-            "runId": rec.id,
-            "agent": rec.agent,
-            "state": rec.state.value,
-            "elapsedS": round(time.time() - rec.created_at, 1),
-            "cpuPct": sample.get("cpu_pct", 0.0),
-            "memBytes": int(sample.get("mem_bytes", 0)),
-            "outputBytes": rec.output_bytes,
-            "tokens": rec.tokens,
-        }
+        return RunStatus(
+            runId=rec.id,
+            agent=rec.agent,
+            state=rec.state,
+            elapsedS=round(time.time() - rec.created_at, 1),
+            cpuPct=sample.get("cpu_pct", 0.0),
+            memBytes=int(sample.get("mem_bytes", 0)),
+            outputBytes=rec.output_bytes,
+            tokens=rec.tokens,
+        ).wire()
 
     def agent_status(self, agent: str) -> dict[str, Any]:
+        """The `airlock/agentStatus` payload: usage and quarantine of one agent."""
         u = self.store.get_agent(agent)
-        return {
-            "agent": agent,
-            "quarantined": u.quarantined,
-            "reason": u.reason,
-            "runsUsed": u.runs_used,
-            "tokensUsed": u.tokens_used,
-        }
+        return AgentStatus(
+            agent=agent, quarantined=u.quarantined, reason=u.reason, runsUsed=u.runs_used, tokensUsed=u.tokens_used
+        ).wire()
 
     # -- admit --------------------------------------------------------------------------------
 
@@ -471,20 +469,19 @@ class Service:
         out = []
         for name, cfg in sorted(self.policy.agents.items()):
             u = self.store.get_agent(name)
-            out.append(
-                {
-                    "agent": name,
-                    "adapter": cfg.adapter,
-                    "mode": (cfg.mode or self.policy.defaults.mode).value,
-                    "quarantined": u.quarantined,
-                    "reason": u.reason,
-                    "runsUsed": u.runs_used,
-                    "tokensUsed": u.tokens_used,
-                    "consecutiveViolations": u.consecutive_violations,
-                    "limits": cfg.limits.model_dump(),
-                    "admission": cfg.admission.model_dump(),
-                }
+            info = AgentInfo(
+                agent=name,
+                adapter=cfg.adapter,
+                mode=cfg.mode or self.policy.defaults.mode,
+                quarantined=u.quarantined,
+                reason=u.reason,
+                runsUsed=u.runs_used,
+                tokensUsed=u.tokens_used,
+                consecutiveViolations=u.consecutive_violations,
+                limits=cfg.limits,
+                admission=cfg.admission,
             )
+            out.append(info.wire())
         return out
 
     def release(self, agent: str) -> dict[str, Any]:

@@ -1,50 +1,18 @@
-"""Command arguments (one JSON object each), validated with pydantic, and the mapping of airlockd's
-errors to JSON-RPC errors. A bad argument is `InvalidParams` naming the field."""
+"""Command arguments (one JSON object each, modelled in `airlockd.protocol`) validated, and the
+mapping of airlockd's errors to JSON-RPC errors. A bad argument is `InvalidParams` naming the field."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from airlockd.errors import AirlockError
+from airlockd.protocol import Args
 
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NoArgs(_Args):
-    pass
-
-
-class RunTaskArgs(_Args):
-    agent: str = Field(min_length=1)
-    prompt: str = Field(min_length=1)
-    mode: Literal["review", "auto"] | None = None
-    followUp: str | None = Field(None, min_length=1)
-
-
-class RunArgs(_Args):
-    runId: str = Field(min_length=1)
-
-
-class DecideArgs(RunArgs):
-    paths: list[str] | None = None
-    hunks: dict[str, list[str]] | None = None
-
-
-class DiffArgs(RunArgs):
-    path: str | None = None
-
-
-class AgentArgs(_Args):
-    agent: str = Field(min_length=1)
-
-
-A = TypeVar("A", bound=_Args)
+A = TypeVar("A", bound=Args)
 
 
 def parse(model: type[A], arguments: Sequence[Any]) -> A:

@@ -16,9 +16,27 @@ from lsprotocol import types
 from airlockd.errors import AirlockError, ConflictError
 from airlockd.evidence import evidence as run_evidence
 from airlockd.lsp import documents, runs, status
-from airlockd.lsp.args import AgentArgs, DecideArgs, DiffArgs, NoArgs, RunArgs, RunTaskArgs, parse, rpc_error
+from airlockd.lsp.args import parse, rpc_error
 from airlockd.lsp.server import AirlockServer
-from airlockd.pipeline.manifest import display
+from airlockd.pipeline.manifest import ChangeKind, display
+from airlockd.policy import Mode
+from airlockd.protocol import (
+    AgentArgs,
+    ApproveResult,
+    DecideArgs,
+    DiffArgs,
+    DiffResult,
+    EditorEvidencePolicy,
+    EditorResourceEvidence,
+    Evidence,
+    EvidenceDocument,
+    FileRule,
+    NoArgs,
+    RunArgs,
+    RunResult,
+    RunSummary,
+    RunTaskArgs,
+)
 from airlockd.records import FileState, RunRecord
 from airlockd.review import Review
 from airlockd.service import Service
@@ -47,46 +65,51 @@ def _guard(fn: Handler) -> Handler:
 
 
 def run_summary(rec: RunRecord) -> dict[str, Any]:
-    counts = {s.value: sum(1 for f in rec.files if f.state is s) for s in FileState}
-    return {
-        "runId": rec.id,
-        "agent": rec.agent,
-        "mode": rec.mode,
-        "state": rec.state.value,
-        "createdAt": rec.created_at,
-        "prompt": rec.prompt[:200],
-        "files": len(rec.files),
-        "review": {k: v for k, v in counts.items() if v},
-        "detail": rec.transitions[-1].detail if rec.transitions else "",
-    }
+    counts = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
+    return RunSummary(
+        runId=rec.id,
+        agent=rec.agent,
+        mode=Mode(rec.mode),
+        state=rec.state,
+        createdAt=rec.created_at,
+        prompt=rec.prompt[:200],
+        files=len(rec.files),
+        review={k: v for k, v in counts.items() if v},
+        detail=rec.transitions[-1].detail if rec.transitions else "",
+    ).wire()
 
 
 def evidence(svc: Service, run_id: str) -> dict[str, Any]:
     """`airlock.getEvidence`: the run's evidence document (airlockd.evidence, the same one
     `airlockd show RUN --json` gives), plus the shapes the editors read (runId, the policy text,
     per-file rules, resources with peaks, transitions, applied transactions)."""
-    full = run_evidence(svc, run_id)
+    full = EvidenceDocument.model_validate(run_evidence(svc, run_id))  # already redacted
     rec = svc.store.get_run(run_id)
     policy_file = svc.state.policies / f"{rec.policy_revision}.json"
-    return {
-        **full,
-        "runId": rec.id,
-        "policy": {**full["policy"], "snapshot": policy_file.read_text() if policy_file.exists() else None},
-        "rules": [
-            {"path": f.path, "change": f.change, "decision": f.decision.value, "rule": f.rule, "reason": f.reason}
-            for f in rec.files
-        ],
-        "rulesFired": full["rules"],
-        "resources": {
-            **full["resources"],
-            "container": rec.container,
-            "outputBytes": rec.output_bytes,
-            "tokens": rec.tokens,
-            "limit": rec.limit.model_dump() if rec.limit else None,
-        },
-        "transitions": [t.model_dump(mode="json") for t in rec.transitions],
-        "applied": [a.model_dump(mode="json") for a in rec.applied],
-    }
+    snapshot = policy_file.read_text() if policy_file.exists() else None
+    resources = EditorResourceEvidence(
+        **dict(full.resources),
+        container=rec.container,
+        outputBytes=rec.output_bytes,
+        tokens=rec.tokens,
+        limit=rec.limit.model_dump() if rec.limit else None,
+    )
+    rules = [
+        FileRule(path=f.path, change=ChangeKind(f.change), decision=f.decision, rule=f.rule, reason=f.reason)
+        for f in rec.files
+    ]
+    return Evidence.model_validate(
+        {
+            **dict(full),
+            "runId": rec.id,
+            "policy": EditorEvidencePolicy(**dict(full.policy), snapshot=snapshot),
+            "rules": rules,
+            "rulesFired": full.rules,
+            "resources": resources,
+            "transitions": rec.transitions,
+            "applied": rec.applied,
+        }
+    ).wire()
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -127,7 +150,7 @@ def approve(svc: Service, args: DecideArgs, dirty: set[str]) -> dict[str, Any]:
             applied += result.applied
             conflicts += result.conflicts
     rec = svc.store.get_run(args.runId)
-    return {"runId": rec.id, "state": rec.state.value, "applied": sorted(set(applied)), "conflicts": conflicts}
+    return ApproveResult(runId=rec.id, state=rec.state, applied=sorted(set(applied)), conflicts=conflicts).wire()
 
 
 def reject(svc: Service, args: DecideArgs) -> dict[str, Any]:
@@ -143,8 +166,11 @@ def reject(svc: Service, args: DecideArgs) -> dict[str, Any]:
         conflicted = any(f.state is FileState.CONFLICTED for f in rec.files)
         if rest or (not args.paths and (rec.pending or conflicted)):
             review.reject(rec.id, rest or args.paths)
-    rec = svc.store.get_run(args.runId)
-    return {"runId": rec.id, "state": rec.state.value}
+    return _result(svc.store.get_run(args.runId))
+
+
+def _result(rec: RunRecord) -> dict[str, Any]:
+    return RunResult(runId=rec.id, state=rec.state).wire()
 
 
 # -- handlers -----------------------------------------------------------------------------------
@@ -155,13 +181,13 @@ async def run_task(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     svc = ls.service
     rec = await ls.call(svc.submit, a.agent, a.prompt, mode=a.mode, follow_up=a.followUp)
     ls.spawn(runs.execute(ls, rec.id), name=f"run {rec.id}")
-    return {"runId": rec.id, "state": rec.state.value}
+    return _result(rec)
 
 
 async def _stop(ls: AirlockServer, arguments: tuple[Any, ...], kill: bool) -> dict[str, Any]:
     a = parse(RunArgs, arguments)
     rec = await ls.call(ls.service.stop, a.runId, kill=kill)
-    return {"runId": rec.id, "state": rec.state.value}
+    return _result(rec)
 
 
 async def stop_run(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
@@ -207,7 +233,7 @@ async def undo(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
         rec = await ls.decide(ls.service.review.undo, a.runId)
     finally:
         ls.spawn(status.push_proposal(ls, a.runId), name=f"proposal {a.runId}")
-    return {"runId": rec.id, "state": rec.state.value}
+    return _result(rec)
 
 
 class RunList:
@@ -255,7 +281,7 @@ async def release_agent(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 async def diff(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     a = parse(DiffArgs, arguments)
     text = await ls.call(ls.service.review.diff, a.runId, a.path)
-    return {"runId": a.runId, "path": a.path, "diff": text}
+    return DiffResult(runId=a.runId, path=a.path, diff=text).wire()
 
 
 def _warn() -> types.MessageType:

@@ -255,7 +255,8 @@ def run_document(ls: AirlockServer, run_id: str) -> dict[str, Any]:
 
 
 async def get_run(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
-    from airlockd.lsp.args import RunArgs, parse
+    from airlockd.lsp.args import parse
+    from airlockd.protocol import RunArgs
 
     a = parse(RunArgs, arguments)
     return await ls.call(run_document, ls, a.runId)

@@ -15,8 +15,9 @@ from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls.uris import from_fs_path
 
+from airlockd import protocol
 from airlockd.pipeline.hunks import Hunk, is_binary
-from airlockd.pipeline.manifest import Kind
+from airlockd.pipeline.manifest import ChangeKind, Kind
 from airlockd.policy import Decision
 from airlockd.records import FileReview, FileState, RunRecord
 from airlockd.review import Review
@@ -91,37 +92,37 @@ def _unstructure(obj: Any) -> Any:
     return _converter.unstructure(obj)
 
 
-def _file_json(f: FileReview, binary: bool, hunk_list: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "path": f.path,
-        "change": f.change,
-        "kind": f.kind,
-        "decision": f.decision.value,
-        "rule": f.rule,
-        "rules": [f.rule],
-        "reason": f.reason,
-        "state": f.state.value,
-        "binary": binary,
-        "hunks": hunk_list,
-    }
+def _file_change(f: FileReview, binary: bool, hunk_list: list[protocol.Hunk]) -> protocol.FileChange:
+    return protocol.FileChange(
+        path=f.path,
+        change=ChangeKind(f.change),
+        kind=f.kind,
+        decision=f.decision,
+        rule=f.rule,
+        rules=[f.rule],
+        reason=f.reason,
+        state=f.state,
+        binary=binary,
+        hunks=hunk_list,
+    )
 
 
 def build(review: Review, rec: RunRecord, workspace: Path, support: EditSupport) -> dict[str, Any]:
     """The proposal of `rec` as `airlock.getProposal` returns it (and `airlock/proposal` pushes)."""
-    files: list[dict[str, Any]] = []
-    denied: list[dict[str, Any]] = []
+    files: list[protocol.FileChange] = []
+    denied: list[protocol.DeniedChange] = []
     doc_changes: list[Any] = []
     changes: dict[str, list[types.TextEdit]] = {}
     used: set[str] = set()
     for f in rec.files:
         if f.state is FileState.DENIED:
-            denied.append({"path": f.path, "change": f.change, "rule": f.rule, "reason": f.reason})
+            denied.append(protocol.DeniedChange(path=f.path, change=ChangeKind(f.change), rule=f.rule, reason=f.reason))
             continue
         uri = from_fs_path(str(workspace / f.path)) or ""
         base, new = review.contents(rec, f) if f.kind == Kind.FILE.value else (None, None)
         binary = bool((base and is_binary(base)) or (new and is_binary(new)))
         states = review.hunk_states(rec, f)
-        hunk_list: list[dict[str, Any]] = []
+        hunk_list: list[protocol.Hunk] = []
         edits: list[types.TextEdit | types.AnnotatedTextEdit] = []
         if states is not None and base is not None:
             live = (workspace / f.path).read_text() if f.partial else base.decode()
@@ -129,19 +130,19 @@ def build(review: Review, rec: RunRecord, workspace: Path, support: EditSupport)
             for h, state, start in shifted(states):
                 rng = hunk_range(doc, start, h, state)
                 hunk_list.append(
-                    {
-                        "id": h.id,
-                        "range": _unstructure(rng),
-                        "state": state,
-                        "oldLines": h.old_lines,
-                        "newLines": h.new_lines,
-                        "oldText": "".join(h.old),
-                        "newText": "".join(h.new),
-                    }
+                    protocol.Hunk(
+                        id=h.id,
+                        range=protocol.Range.model_validate(_unstructure(rng)),
+                        state=protocol.HunkState(state),
+                        oldLines=h.old_lines,
+                        newLines=h.new_lines,
+                        oldText="".join(h.old),
+                        newText="".join(h.new),
+                    )
                 )
                 if state == "pending" and f.state is FileState.PENDING:
                     edits.append(_text_edit(rng, "".join(h.new), f.decision.value, support))
-        files.append(_file_json(f, binary, hunk_list))
+        files.append(_file_change(f, binary, hunk_list))
         if f.state is not FileState.PENDING or binary or f.kind != Kind.FILE.value:
             continue
         ann = f.decision.value if support.annotations else None
@@ -174,14 +175,14 @@ def build(review: Review, rec: RunRecord, workspace: Path, support: EditSupport)
         edit = types.WorkspaceEdit(document_changes=doc_changes, change_annotations=annotations or None)
     else:
         edit = types.WorkspaceEdit(changes=changes)
-    return {
-        "runId": rec.id,
-        "agent": rec.agent,
-        "state": rec.state.value,
-        "edit": _unstructure(edit),
-        "files": files,
-        "denied": denied,
-    }
+    return protocol.Proposal(
+        runId=rec.id,
+        agent=rec.agent,
+        state=rec.state,
+        edit=protocol.WorkspaceEdit.model_validate(_unstructure(edit)),
+        files=files,
+        denied=denied,
+    ).wire()
 
 
 def _text_edit(

@@ -12,11 +12,13 @@ import sys
 from typing import Any
 
 from lsprotocol import types
+from pydantic import ValidationError
 from pygls.capabilities import get_capability
 
 from airlockd import execution, launcher
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
+from airlockd.protocol import ProgressEvent, RunEvent
 from airlockd.records import FileState, RunRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -141,14 +143,14 @@ async def carry(ls: AirlockServer, run_id: str) -> None:
         assert proc.stdout is not None
         async for raw in proc.stdout:
             try:
-                line = json.loads(raw)
-            except ValueError:
+                ev = RunEvent.of_line(raw)
+            except ValidationError:
                 log.warning("run %s: not an event line: %r", run_id, raw[:200])
                 continue
-            if "event" in line:
-                status.on_event(ls, line["event"], line["payload"])
-            elif "progress" in line:
-                progress.report(line["progress"], line.get("message", ""))
+            if isinstance(ev, ProgressEvent):
+                progress.report(ev.stage, ev.message)
+            else:
+                status.on_event(ls, ev)
         code = await proc.wait()
     finally:
         ls.run_processes.pop(run_id, None)

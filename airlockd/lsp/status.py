@@ -13,6 +13,7 @@ from typing import Any
 from airlockd.errors import AirlockError
 from airlockd.lsp import proposal
 from airlockd.lsp.server import AirlockServer
+from airlockd.protocol import ProgressEvent, RunEvent, RunStatusEvent, StatusEvent
 from airlockd.records import RunState
 
 log = logging.getLogger(__name__)
@@ -24,20 +25,23 @@ PROPOSAL = "airlock/proposal"
 
 def setup(server: AirlockServer) -> None:
     def listener(event: str, payload: dict[str, Any]) -> None:  # any thread
-        server.from_thread(on_event, server, event, payload)
+        ev = RunEvent.of_service(event, payload).root
+        if not isinstance(ev, ProgressEvent):
+            server.from_thread(on_event, server, ev)
 
     server.service.subscribe(listener)
 
 
-def on_event(ls: AirlockServer, event: str, payload: dict[str, Any]) -> None:
+def on_event(ls: AirlockServer, ev: StatusEvent) -> None:
     """On the loop: forward a Service event; a run that became proposed gets its proposal pushed."""
-    if event == "runStatus":
-        ls.notify(RUN_STATUS, payload)
-        if payload.get("state") == RunState.PROPOSED.value:
-            ls.spawn(push_proposal(ls, payload["runId"]), name=f"proposal {payload['runId']}")
-            ls.proposal_changed(payload["runId"])
-    elif event == "agentStatus":
-        ls.notify(AGENT_STATUS, payload)
+    if isinstance(ev, RunStatusEvent):
+        ls.notify(RUN_STATUS, ev.payload.wire())
+        if ev.payload.state is RunState.PROPOSED:
+            run_id = ev.payload.runId
+            ls.spawn(push_proposal(ls, run_id), name=f"proposal {run_id}")
+            ls.proposal_changed(run_id)
+    else:
+        ls.notify(AGENT_STATUS, ev.payload.wire())
 
 
 def proposal_for(ls: AirlockServer, run_id: str) -> dict[str, Any]:

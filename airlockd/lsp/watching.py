@@ -29,6 +29,7 @@ from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.pipeline.manifest import Entry, Kind, display, entry_for
 from airlockd.policy import POLICY_FILE
+from airlockd.protocol import RunStatus
 from airlockd.records import FileState, RunRecord, RunState
 from airlockd.service import Service
 
@@ -172,7 +173,8 @@ async def _flush(ls: AirlockServer, w: Watch) -> None:
     hits = await ls.decide(conflicts_from_disk, ls.service, changed, trees)
     for rec, paths in hits:
         names = ", ".join(display(p) for p in paths)
-        ls.notify(status.RUN_STATUS, {**ls.service.run_status(rec), "conflicts": paths})
+        run_status = RunStatus.model_validate({**ls.service.run_status(rec), "conflicts": paths})
+        ls.notify(status.RUN_STATUS, run_status.wire())
         ls.show(
             f"airlock: run {rec.id}: {names} changed on disk while the proposal was pending; marked conflicted",
             types.MessageType.Warning,

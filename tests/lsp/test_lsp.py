@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 from lsprotocol import types
+from pydantic import BaseModel
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
+from airlockd import protocol
 from airlockd.pipeline.hunks import apply_hunks
 
 from .conftest import MOD, POLICY, command, notes, uri, wait_until
@@ -295,3 +297,35 @@ async def test_policy_reload_and_expiry(client: LanguageClient) -> None:
     await wait_until(lambda: "expired" in states_of(client, r["runId"]), timeout=10, what="expired")
     await wait_until(lambda: (last_proposal(client, r["runId"]) or {}).get("state") == "expired", timeout=5)
     assert not (ws(client) / "hello.txt").exists()
+
+
+async def test_every_payload_is_its_wire_model(client: LanguageClient) -> None:
+    """Everything the module's runs made the server send, and each command's answer, is exactly its
+    model in airlockd.protocol (the source of the editors' generated types): no key missing, none
+    unknown, and dumping the model gives back the same JSON."""
+    sent = {
+        "airlock/runStatus": protocol.RunStatus,
+        "airlock/agentStatus": protocol.AgentStatus,
+        "airlock/proposal": protocol.Proposal,
+    }
+    for method, model in sent.items():
+        got = notes(client, method)
+        assert got, f"no {method} was sent"
+        for payload in got:
+            assert model.model_validate(payload).wire() == payload, method
+    conflicted = [n for n in notes(client, "airlock/runStatus") if "conflicts" in n]
+    assert conflicted and all(n["conflicts"] for n in conflicted)  # absent, never null or empty
+    hunk_states = {h["state"] for p in notes(client, "airlock/proposal") for f in p["files"] for h in f["hunks"]}
+    assert {"pending", "accepted", "rejected"} <= hunk_states
+
+    run_id = run_of(client)["id"]
+    answers: list[tuple[type[BaseModel], Any]] = [
+        (protocol.Proposal, await command(client, "airlock.getProposal", {"runId": run_id})),
+        (protocol.Evidence, await command(client, "airlock.getEvidence", {"runId": run_id})),
+        (protocol.DiffResult, await command(client, "airlock.diff", {"runId": run_id})),
+        (protocol.AgentInfo, await command(client, "airlock.releaseAgent", {"agent": "bot"})),
+    ]
+    answers += [(protocol.RunSummary, s) for s in await command(client, "airlock.listRuns", {})]
+    answers += [(protocol.AgentInfo, a) for a in await command(client, "airlock.listAgents", {})]
+    for model, payload in answers:
+        assert model.model_validate(payload).wire() == payload, model.__name__

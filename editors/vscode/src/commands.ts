@@ -3,7 +3,7 @@
 
 import * as vscode from "vscode";
 
-import type { AgentInfo, ApproveResult, Decision, Evidence, Proposal, RunSummary } from "./logic/protocol";
+import type { AgentInfo, ApproveResult, Decision, Evidence, Proposal, KnownRun, RunResult, RunSummary } from "./logic/protocol";
 import { ErrorCode, isLive } from "./logic/protocol";
 import {
   allDecision,
@@ -100,7 +100,7 @@ export class Commands {
 
   // -- runs ---------------------------------------------------------------------------------------
 
-  async runTask(followUp?: RunSummary): Promise<string | undefined> {
+  async runTask(followUp?: KnownRun): Promise<string | undefined> {
     let agent = followUp?.agent;
     if (!agent) {
       const agents = await this.d.daemon.request<AgentInfo[]>("airlock.listAgents");
@@ -131,7 +131,7 @@ export class Commands {
     if (!prompt?.trim()) return undefined;
     const args: Record<string, string> = { agent, prompt };
     if (followUp) args["followUp"] = followUp.runId;
-    const res = await this.d.daemon.request<{ runId: string; state: string }>("airlock.runTask", args);
+    const res = await this.d.daemon.request<RunResult>("airlock.runTask", args);
     this.d.state.setRunStatus({
       runId: res.runId,
       agent,
@@ -151,13 +151,13 @@ export class Commands {
     return prev ? this.runTask(prev) : undefined;
   }
 
-  async refreshRuns(): Promise<RunSummary[]> {
+  async refreshRuns(): Promise<KnownRun[]> {
     const runs = await this.d.daemon.request<RunSummary[]>("airlock.listRuns");
     this.d.state.setSummaries(runs);
     return this.d.state.runList();
   }
 
-  async pickRun(run: string | undefined, placeHolder: string, keep: (r: RunSummary) => boolean): Promise<RunSummary | undefined> {
+  async pickRun(run: string | undefined, placeHolder: string, keep: (r: KnownRun) => boolean): Promise<KnownRun | undefined> {
     const runs = (await this.refreshRuns()).filter(keep);
     if (run) return runs.find((r) => r.runId === run) ?? this.d.state.summaries.get(run);
     if (!runs.length) {
@@ -177,7 +177,7 @@ export class Commands {
     return pick?.run;
   }
 
-  async simpleRun(command: string, run: string | undefined, verb: string, keep: (r: RunSummary) => boolean): Promise<void> {
+  async simpleRun(command: string, run: string | undefined, verb: string, keep: (r: KnownRun) => boolean): Promise<void> {
     const r = await this.pickRun(run, `${verb[0].toUpperCase()}${verb.slice(1)} which run?`, keep);
     if (!r) return;
     const res = await this.d.daemon.request<{ runId: string; state: string }>(command, { runId: r.runId });
@@ -427,7 +427,7 @@ export class Commands {
   }
 }
 
-function isUndoable(r: RunSummary): boolean {
+function isUndoable(r: KnownRun): boolean {
   return r.state === "applied" || (r.review["accepted"] ?? 0) > 0;
 }
 

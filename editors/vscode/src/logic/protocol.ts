@@ -1,159 +1,63 @@
-/** The shapes airlockd's LSP daemon sends and answers (docs/lsp.md). No `vscode` import here. */
+/** The shapes airlockd's LSP daemon sends and answers (docs/lsp.md). No `vscode` import here.
+ *
+ * The wire shapes are generated from airlockd/protocol.py (`make protocol`: the JSON Schema in
+ * schema/airlock.schema.json, then protocol.gen.ts); this module re-exports them under the names
+ * the extension uses and keeps the helpers that are not wire shapes. */
 
-export interface LspPosition {
-  line: number;
-  character: number;
-}
+import type {
+  AgentInfo,
+  AgentStatus,
+  DecideArgs,
+  Mode,
+  Position,
+  Range,
+  RunState,
+  RunSummary,
+  TextEdit,
+  WorkspaceEdit,
+} from "./protocol.gen";
 
-export interface LspRange {
-  start: LspPosition;
-  end: LspPosition;
-}
+export type {
+  AgentInfo,
+  AgentStatus,
+  ApproveResult,
+  ChangeKind,
+  DecideArgs,
+  DeniedChange,
+  DiffResult,
+  DocumentChange,
+  Evidence,
+  FileChange,
+  FileState,
+  Hunk,
+  HunkState,
+  Mode,
+  Proposal,
+  RunResult,
+  RunState,
+  RunStatus,
+  RunSummary,
+  RunTaskArgs,
+} from "./protocol.gen";
+export type { Decision as DecisionKind } from "./protocol.gen";
 
-export type HunkState = "pending" | "accepted" | "rejected" | "conflicted";
-
-export interface Hunk {
-  id: string;
-  range: LspRange;
-  state: HunkState;
-  oldLines: number;
-  newLines: number;
-  oldText: string;
-  newText: string;
-}
-
-export interface FileChange {
-  path: string;
-  change: "created" | "modified" | "deleted" | string;
-  kind: string;
-  decision: string;
-  rule: string;
-  rules?: string[];
-  reason: string;
-  state: "pending" | "accepted" | "rejected" | "conflicted" | "denied" | string;
-  binary: boolean;
-  hunks: Hunk[];
-}
-
-export interface DeniedChange {
-  path: string;
-  change: string;
-  rule: string;
-  reason: string;
-}
-
-export interface Proposal {
-  runId: string;
-  agent: string;
-  state: string;
-  edit: WorkspaceEditJson;
-  files: FileChange[];
-  denied: DeniedChange[];
-}
-
-export interface TextEditJson {
-  range: LspRange;
-  newText: string;
-}
-
-export interface DocumentChangeJson {
-  kind?: "create" | "rename" | "delete";
-  uri?: string;
-  textDocument?: { uri: string; version: number | null };
-  edits?: TextEditJson[];
-}
-
-export interface WorkspaceEditJson {
-  changes?: Record<string, TextEditJson[]>;
-  documentChanges?: DocumentChangeJson[];
-}
-
-export interface RunStatus {
-  runId: string;
-  agent: string;
-  state: string;
-  elapsedS: number;
-  cpuPct: number;
-  memBytes: number;
-  outputBytes: number;
-  tokens: number;
-  conflicts?: string[];
-}
-
-export interface AgentLimits {
-  wall_time_s?: number;
-  cpus?: number;
-  memory_mb?: number;
-  output_bytes?: number;
-  [key: string]: unknown;
-}
-
-export interface AgentInfo {
-  agent: string;
-  adapter?: string;
-  mode?: string;
-  quarantined: boolean;
-  reason: string | null;
-  runsUsed: number;
-  tokensUsed: number;
-  limits?: AgentLimits;
-  admission?: { max_tokens?: number; [key: string]: unknown };
-}
-
-export interface AgentStatus {
-  agent: string;
-  quarantined: boolean;
-  reason: string | null;
-  runsUsed: number;
-  tokensUsed: number;
-}
-
-export interface RunSummary {
-  runId: string;
-  agent: string;
-  mode: string;
-  state: string;
-  createdAt: number;
-  prompt: string;
-  files: number;
-  review: Record<string, number>;
-  detail: string;
-}
-
-export interface ApproveResult {
-  runId: string;
-  state: string;
-  applied: string[];
-  conflicts: string[];
-}
-
-export interface Evidence {
-  runId: string;
-  agent: string;
-  state: string;
-  policy: { revision: string; snapshot: string | null };
-  rules: { path: string; change: string; decision: string; rule: string; reason: string }[];
-  withheld: { path: string; rule?: string; [key: string]: unknown }[];
-  resources: {
-    container: Record<string, unknown>;
-    outputBytes: number;
-    tokens: number;
-    limit: Record<string, unknown> | null;
-    peak?: Record<string, number>;
-  };
-  transitions: { state: string; at: number; detail?: string }[];
-  timeline: Record<string, unknown>[];
-  applied: { txid: string; paths: string[]; at: number; undone?: boolean }[];
-}
+export type LspPosition = Position;
+export type LspRange = Range;
+export type TextEditJson = TextEdit;
+export type WorkspaceEditJson = WorkspaceEdit;
 
 /** Selection of `airlock.approve` / `airlock.reject`. */
-export interface Decision {
-  runId: string;
-  paths?: string[];
-  hunks?: Record<string, string[]>;
-}
+export type Decision = DecideArgs;
 
-export const LIVE_STATES = new Set(["admitted", "staging", "running", "inspecting"]);
+/** What the extension knows of an agent: its last `airlock/agentStatus`, and its configuration
+ * once `airlock.listAgents` answered. */
+export type KnownAgent = AgentStatus & Partial<AgentInfo>;
+
+/** What the extension knows of a run: its summary, or, before `airlock.listRuns` answered, what
+ * its `airlock/runStatus` said (no mode yet). */
+export type KnownRun = Omit<RunSummary, "mode"> & { mode?: Mode };
+
+export const LIVE_STATES: ReadonlySet<string> = new Set<RunState>(["admitted", "staging", "running", "inspecting"]);
 
 export function isLive(state: string): boolean {
   return LIVE_STATES.has(state);

@@ -1,7 +1,7 @@
 /** What the extension knows about the daemon, fed only by its answers and notifications (the
  * review state lives in the daemon). Listeners are told after every change. No `vscode` import. */
 
-import type { AgentInfo, AgentStatus, Proposal, RunStatus, RunSummary } from "./protocol";
+import type { AgentInfo, AgentStatus, KnownAgent, KnownRun, Proposal, RunStatus, RunSummary } from "./protocol";
 import { isLive } from "./protocol";
 import type { Peaks } from "./evidence";
 import { openProposals } from "./review";
@@ -22,8 +22,8 @@ export interface Daemon {
 export class AirlockState {
   readonly proposals = new Map<string, Proposal>();
   readonly runs = new Map<string, RunStatus>();
-  readonly summaries = new Map<string, RunSummary>();
-  readonly agents = new Map<string, AgentInfo>();
+  readonly summaries = new Map<string, KnownRun>();
+  readonly agents = new Map<string, KnownAgent>();
   readonly peaks = new Map<string, Peaks>();
   connected = false;
   /** The run a person chose to review (Review Run); otherwise the newest open proposal. */
@@ -63,7 +63,6 @@ export class AirlockState {
       this.summaries.set(r.runId, {
         runId: r.runId,
         agent: r.agent,
-        mode: "",
         state: r.state,
         createdAt: Date.now() / 1000,
         prompt: "",
@@ -113,11 +112,11 @@ export class AirlockState {
   }
 
   /** Runs newest first (by creation). */
-  runList(): RunSummary[] {
+  runList(): KnownRun[] {
     return [...this.summaries.values()].sort((a, b) => b.createdAt - a.createdAt);
   }
 
-  finishedRuns(): RunSummary[] {
+  finishedRuns(): KnownRun[] {
     return this.runList().filter((r) => !isLive(r.state) && r.state !== "rejected_at_admission");
   }
 

@@ -2,7 +2,7 @@
  * notifications. No `vscode` import: the glue turns a `StatusView` into a status bar item. */
 
 import { bytes, count, duration, percent } from "./format";
-import type { AgentInfo, Proposal, RunStatus } from "./protocol";
+import type { KnownAgent, Proposal, RunStatus } from "./protocol";
 import { isLive } from "./protocol";
 import { plural, reviewCount } from "./review";
 
@@ -35,7 +35,7 @@ export interface StatusView {
 export interface StatusInput {
   runs: Iterable<RunStatus>; // the latest airlock/runStatus of each run
   proposals: Iterable<Proposal>;
-  agents: Iterable<AgentInfo>;
+  agents: Iterable<KnownAgent>;
   connected: boolean;
   hasFinishedRun: boolean; // something to follow up on, undo or inspect
 }
@@ -50,7 +50,7 @@ export interface Usage {
 }
 
 /** The limits a running run is measured against (those that are set, i.e. > 0). */
-export function usages(run: RunStatus, agent: AgentInfo | undefined): Usage[] {
+export function usages(run: RunStatus, agent: KnownAgent | undefined): Usage[] {
   const out: Usage[] = [];
   const lim = agent?.limits ?? {};
   if (lim.memory_mb) out.push({ what: "memory", used: run.memBytes, limit: lim.memory_mb * 1024 * 1024 });
@@ -66,7 +66,7 @@ export function overWarning(u: Usage[]): Usage[] {
   return u.filter((x) => x.limit > 0 && x.used / x.limit > WARN_RATIO);
 }
 
-function runLine(run: RunStatus, agent: AgentInfo | undefined): string {
+function runLine(run: RunStatus, agent: KnownAgent | undefined): string {
   const parts = [`${run.agent} ${run.state} ${duration(run.elapsedS)}`];
   if (run.state === "running") {
     parts.push(`CPU ${percent(run.cpuPct)}`);

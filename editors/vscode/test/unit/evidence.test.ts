@@ -6,18 +6,38 @@ import type { Evidence } from "../../src/logic/protocol";
 import { AirlockState } from "../../src/logic/state";
 import { modProposal } from "./fixtures";
 
+// a key the tree must never show, as a newer daemon might add one
+const envWithheld = { path: ".env", rule: "withhold:.env", value_sha256: "never shown" };
+
 const ev: Evidence = {
   runId: "r1",
+  run: "r1",
   agent: "bot",
   state: "proposed",
-  policy: { revision: "p-abc123", snapshot: "{}" },
+  mode: "review",
+  policy: { revision: "p-abc123", file: null, show: "airlockd policy show p-abc123", current: true, snapshot: "{}" },
+  admission: { prompt_sha256: "0".repeat(64), injection_markers: [], detail: "admitted" },
   rules: [
     { path: "src/mod.py", change: "modified", decision: "auto", rule: "rules[2]", reason: "ordinary source code" },
     { path: "src/new.py", change: "created", decision: "auto", rule: "rules[2]", reason: "ordinary source code" },
     { path: "AGENTS.md", change: "modified", decision: "deny", rule: "invariant:protected", reason: "protected" },
   ],
-  withheld: [{ path: ".env", rule: "withhold:.env", value_sha256: "never shown" }],
+  rulesFired: [
+    { rule: "rules[2]", decision: "auto", reason: "ordinary source code", paths: ["src/mod.py", "src/new.py"] },
+    { rule: "invariant:protected", decision: "deny", reason: "protected", paths: ["AGENTS.md"] },
+  ],
+  decisions: [],
+  classifier: [],
+  withheld: [envWithheld],
+  container: { network_mode: "none", cap_drop: ["ALL"], exit_code: 0 },
+  tokens: { used: 0, source: "not metered" },
+  workspace: { unchanged: true },
   resources: {
+    effective: { memory_bytes: 1073741824, cpus: 1 },
+    peak: {},
+    duration_s: 1.5,
+    output_bytes: 42,
+    limit_hit: null,
     container: { image: "airlockd-runtime", exit_code: 0, duration_s: 1.5, effective: { network_mode: "none", cap_drop: ["ALL"], cap_add: null, memory_bytes: 1073741824, cpus: 1 } },
     outputBytes: 42,
     tokens: 0,

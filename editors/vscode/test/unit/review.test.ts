@@ -18,6 +18,7 @@ import {
   step,
 } from "../../src/logic/review";
 import { MOD, file, hunk, modProposal, proposal } from "./fixtures";
+import type { Proposal } from "../../src/logic/protocol";
 
 test("splitLines keeps endings and joins back", () => {
   for (const text of ["", "a", "a\n", "a\r\nb\rc\n", "x\n\n\ny", "\n"]) {
@@ -116,6 +117,6 @@ test("selections sent to airlock.approve", () => {
 test("open proposals: newest first, finished ones dropped", () => {
   const a = { ...modProposal(), runId: "a" };
   const b = { ...modProposal(), runId: "b" };
-  const c = { ...modProposal(), runId: "c", state: "applied" };
+  const c: Proposal = { ...modProposal(), runId: "c", state: "applied" };
   assert.deepEqual(openProposals([a, b, c]).map((p) => p.runId), ["b", "a"]);
 });

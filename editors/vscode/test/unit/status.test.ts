@@ -7,6 +7,9 @@ import { modProposal } from "./fixtures";
 
 const agent: AgentInfo = {
   agent: "bot",
+  adapter: "command",
+  mode: "review",
+  consecutiveViolations: 0,
   quarantined: false,
   reason: null,
   runsUsed: 1,

@@ -24,10 +24,24 @@ Handler = Callable[[argparse.Namespace], Any]
 _ENDED_BADLY = {RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
 
 
-def _service(args: argparse.Namespace) -> Any:
+def _service(args: argparse.Namespace, *, recover: bool = False) -> Any:
+    """The workspace's Service; `recover` for commands that may write (a run, a decision):
+    interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
     from airlockd.service import Service
 
-    return Service(Path(args.workspace), actor="cli")
+    svc = Service(Path(args.workspace), actor="cli")
+    return svc.recover() if recover else svc
+
+
+def _hunks(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """`--hunk PATH:ID` (repeatable) as {path: [id, ...]}."""
+    out: dict[str, list[str]] = {}
+    for spec in args.hunk or ():
+        path, sep, hid = spec.rpartition(":")
+        if not sep or not path or not hid:
+            raise UsageError(f"--hunk {spec!r}: expected PATH:ID", hint="`airlockd show RUN --json` lists the hunk ids")
+        out.setdefault(path.strip("/"), []).append(hid)
+    return out or None
 
 
 def _run_json(rec: RunRecord) -> dict[str, Any]:
@@ -61,7 +75,7 @@ def _print_run(rec: RunRecord) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> Any:
-    svc = _service(args)
+    svc = _service(args, recover=True)
     svc.sweep()
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
@@ -131,9 +145,9 @@ def cmd_execute(args: argparse.Namespace) -> Any:
         from airlockd.service import Service
 
         values = json.loads(sys.stdin.read() or "[]")
-        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values])
+        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values]).recover()
     else:
-        svc = _service(args)
+        svc = _service(args, recover=True)
     if not args.events:
         return svc.resume(args.run) if args.resume else svc.execute(args.run)
     out = sys.stdout
@@ -169,8 +183,13 @@ def cmd_show(args: argparse.Namespace) -> Any:
         d["policy_sources"] = list(svc.loaded.sources)
         d["evidence"] = evidence(svc, rec.id)
         d["policy"] = d["evidence"]["policy"]
+        d["hunks"] = _hunk_list(svc, rec)
         return d
     _print_run(rec)
+    for path, hs in _hunk_list(svc, rec).items():
+        print(f"  hunks of {display(path)} (decide one with --hunk {display(path)}:ID):")
+        for h in hs:
+            print(f"    {h['id']}  line {h['line']}  {h['state']}")
     print("  timeline:")
     for t in rec.transitions:
         print(f"    {time.strftime('%H:%M:%S', time.localtime(t.at))} {t.state.value} {t.detail}")
@@ -183,6 +202,16 @@ def cmd_show(args: argparse.Namespace) -> Any:
     return None
 
 
+def _hunk_list(svc: Any, rec: RunRecord) -> dict[str, list[dict[str, Any]]]:
+    """path -> its hunks (id, first line in the base, review state), for files that have hunks."""
+    out = {}
+    for f in rec.files:
+        states = svc.review.hunk_states(rec, f)
+        if states:
+            out[f.path] = [{"id": h.id, "line": h.old_start + 1, "state": s} for h, s in states]
+    return out
+
+
 def cmd_diff(args: argparse.Namespace) -> Any:
     text = _service(args).review.diff(args.run, args.path)
     if args.json:
@@ -192,7 +221,8 @@ def cmd_diff(args: argparse.Namespace) -> Any:
 
 
 def cmd_approve(args: argparse.Namespace) -> Any:
-    result = _service(args).review.approve(args.run, args.path or None)
+    svc = _service(args, recover=True)
+    result = svc.review.approve(args.run, args.path or None, hunks=_hunks(args))
     if args.json:
         return {
             "run": _run_json(result.run),
@@ -206,11 +236,11 @@ def cmd_approve(args: argparse.Namespace) -> Any:
 
 
 def cmd_reject(args: argparse.Namespace) -> Any:
-    return _service(args).review.reject(args.run, args.path or None)
+    return _service(args, recover=True).review.reject(args.run, args.path or None, hunks=_hunks(args))
 
 
 def cmd_undo(args: argparse.Namespace) -> Any:
-    return _service(args).review.undo(args.run)
+    return _service(args, recover=True).review.undo(args.run)
 
 
 def cmd_stop(args: argparse.Namespace) -> Any:
@@ -404,13 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("path", nargs="?")
     for name, fn, what in (("approve", cmd_approve, "commit"), ("reject", cmd_reject, "discard")):
-        sp = add(name, fn, f"{what} all pending changes, or the chosen paths")
+        sp = add(name, fn, f"{what} all pending changes, or the chosen paths / hunks")
         sp.add_argument("run")
         sp.add_argument(
             "--path",
             action="append",
             metavar="P",
-            help="a file or folder of the proposal (repeatable)",
+            help="a file or folder of the proposal (repeatable); a file with hunks decided already: its pending hunks",
+        )
+        sp.add_argument(
+            "--hunk",
+            action="append",
+            metavar="P:ID",
+            help="one hunk of a file, by the id `show --json` / the editor gives (repeatable)",
         )
     add("undo", cmd_undo, "reverse what a run applied").add_argument("run")
     add("stop", cmd_stop, "graceful stop: SIGTERM, grace period, then kill").add_argument("run")

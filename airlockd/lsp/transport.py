@@ -270,7 +270,7 @@ def serve(workspace: Path, tcp: str | None = None) -> int:
     hostport = parse_hostport(tcp) if tcp else None
     lock = acquire_lock(state)
     try:
-        server = create_server(Service(workspace, actor="lsp"))
+        server = create_server(Service(workspace, actor="lsp").recover())  # recovery: once, at start-up
         if hostport:
             serve_tcp(server, state, *hostport)
         else:

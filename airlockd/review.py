@@ -434,6 +434,8 @@ class Review:
                         g.conflict = ConflictCause.UNSAVED if g.path in unsaved else ConflictCause.LIVE_EDIT
                     continue
                 g.partial = partial.get(g.path, g.partial)
+                # it landed on its base: a conflict marked meanwhile saw this very write
+                g.state, g.conflict = FileState.PENDING, None
                 self._settle_hunks(g, states)
             r.applied.extend(done)
 

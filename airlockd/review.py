@@ -12,22 +12,22 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+from airlockd.audit import AuditLog
 from airlockd.errors import ConflictError, StateError, UsageError
-from airlockd.lifecycle import under
+from airlockd.lifecycle import RunLifecycle, under
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
 from airlockd.pipeline.stagers import proposed_path
-from airlockd.policy import Decision
+from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
-
-if TYPE_CHECKING:
-    from airlockd.service import Service
+from airlockd.state import StateDir
+from airlockd.store import Store
 
 
 @dataclass
@@ -42,21 +42,40 @@ def _entry(d: dict[str, object] | None) -> Entry | None:
 
 
 class Review:
-    def __init__(self, service: Service) -> None:
-        self.svc = service
+    """The decisions on a proposal. Its collaborators are what it uses, not the whole Service:
+    the lifecycle (opening a proposal for a decision, conflicts, settling), the store, audit and
+    state dir, the policy in force, and `seal` (the live tree's digest before the first write)."""
+
+    def __init__(
+        self,
+        *,
+        workspace: Path,
+        state: StateDir,
+        store: Store,
+        audit: AuditLog,
+        lifecycle: RunLifecycle,
+        policy: Callable[[], Policy],
+        actor: str,
+        seal: Callable[[RunRecord], None],
+    ) -> None:
+        self.workspace, self.state, self.store, self.audit = workspace, state, store, audit
+        self.lifecycle = lifecycle
+        self._policy = policy
+        self.actor = actor
+        self._seal = seal
 
     # -- after inspection ---------------------------------------------------------------------
 
     def keep_base_blobs(self, run_id: str, files: list[FileReview]) -> None:
         """Copy the live content each modified/deleted file was changed against, for diffs and
         hunks. A live file that no longer matches the staged base is already a conflict."""
-        blobs = self.svc.state.run_dir(run_id) / "base"
+        blobs = self.state.run_dir(run_id) / "base"
         blobs.mkdir(exist_ok=True)
         for n, f in enumerate(files):
             before = _entry(f.before)
             if before is None or before.kind is not Kind.FILE or f.state is FileState.DENIED:
                 continue
-            live = self.svc.workspace / f.path
+            live = self.workspace / f.path
             blob = blobs / str(n)
             try:
                 shutil.copyfile(live, blob, follow_symlinks=False)
@@ -149,7 +168,7 @@ class Review:
     def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[list[FileOp]]:
         """The transactions that land `files`: one, or two when a path changes type (the old
         node must be gone before the new one, or anything below it, can be created)."""
-        run_dir = self.svc.state.run_dir(rec.id)
+        run_dir = self.state.run_dir(rec.id)
         first: list[FileOp] = []
         ops: list[FileOp] = []
         for f in files:
@@ -170,12 +189,11 @@ class Review:
     ) -> RunRecord:
         """The proposal, open for a decision (expired here when past its TTL), with the conflicts
         of the files this decision touches re-checked: those whose cause is gone are pending again."""
-        svc = self.svc
-        rec = svc.lifecycle.open_for_decision(run_id)
+        rec = self.lifecycle.open_for_decision(run_id)
         touched: list[str] | None = [*(paths or ()), *(hunks or {})] or None
-        if svc.lifecycle.clear_conflicts(rec.id, touched, dirty):
-            rec = svc.store.get_run(rec.id)
-        svc.seal_live_tree(rec)  # before anything of this proposal is written
+        if self.lifecycle.clear_conflicts(rec.id, touched, dirty):
+            rec = self.store.get_run(rec.id)
+        self._seal(rec)  # before anything of this proposal is written
         return rec
 
     def _conflict(self, rec: RunRecord, paths: Collection[str], unsaved: Collection[str]) -> ConflictError:
@@ -221,7 +239,7 @@ class Review:
         chosen = self._expand(rec, whole)
         if not chosen and not by_hunk:
             raise StateError(f"run {rec.id}: nothing pending to approve in that selection")
-        actor = actor or self.svc.actor
+        actor = actor or self.actor
         result = ApproveResult(rec)
         if by_hunk:
             got = self._approve_hunks(rec, by_hunk, actor=actor, dirty=dirty)
@@ -232,7 +250,7 @@ class Review:
             result.applied += got.applied
             result.conflicts += got.conflicts
         result.applied = sorted(set(result.applied))
-        result.run = self.svc.lifecycle.settle(rec.id)
+        result.run = self.lifecycle.settle(rec.id)
         return result
 
     def _approve_files(
@@ -245,7 +263,6 @@ class Review:
         dirty: Collection[str],
         allow_conflict: bool,
     ) -> ApproveResult:
-        svc = self.svc
         dirty_hits = [f.path for f in chosen if f.path in set(dirty)]
         conflicts = list(dirty_hits)
         done: list[Applied] = []
@@ -254,7 +271,7 @@ class Review:
             try:
                 for ops in self._ops(rec, todo):
                     txid = f"{rec.id}-{len(rec.applied) + len(done) + 1}"
-                    result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                    result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                     done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
                     todo = [f for f in todo if f.path not in result.applied or f.change == "type_changed"]
             except ConflictError as exc:
@@ -263,8 +280,8 @@ class Review:
                 continue
             break
         applied = sorted({p for a in done for p in a.paths})
-        rec = svc.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts, dirty_hits))
-        svc.audit.append(
+        rec = self.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts, dirty_hits))
+        self.audit.append(
             "review.approve",
             run=rec.id,
             agent=rec.agent,
@@ -301,10 +318,9 @@ class Review:
         """Discard the chosen pending (or conflicted) changes: `hunks`, `paths`, or everything
         pending when neither. A file some of whose hunks are decided loses only its pending
         hunks (what landed stays accepted). The workspace is not touched."""
-        svc = self.svc
         rec = self._open(run_id, paths, hunks, dirty)
         by_hunk, whole = self._split(rec, paths, hunks, rejecting=True)
-        actor = actor or svc.actor
+        actor = actor or self.actor
         if by_hunk:
             self._reject_hunks(rec, by_hunk, actor=actor)
         names = {f.path for f in whole}
@@ -315,11 +331,11 @@ class Review:
                     if f.path in names:
                         f.state, f.conflict = FileState.REJECTED, None
 
-            rec = svc.store.update_run(rec.id, mark)
-            svc.audit.append(
+            rec = self.store.update_run(rec.id, mark)
+            self.audit.append(
                 "review.reject", run=rec.id, agent=rec.agent, policy=rec.policy_revision, by=actor, paths=sorted(names)
             )
-        return svc.lifecycle.settle(rec.id)
+        return self.lifecycle.settle(rec.id)
 
     # -- per hunk -----------------------------------------------------------------------------
 
@@ -386,7 +402,6 @@ class Review:
         file becomes its base with every accepted hunk applied (the rest keeps the base). The
         result is classified again as a change of its own; a file with unsaved editor changes
         (`dirty`) or whose disk content moved is marked conflicted and NOTHING is written."""
-        svc = self.svc
         plan = self._hunk_plan(rec, selections, "accepted")
         unsaved = [f.path for f, _, _ in plan if f.path in set(dirty)]
         conflicts = list(unsaved)
@@ -394,7 +409,7 @@ class Review:
         partial: dict[str, dict[str, object]] = {}
         if not conflicts:
             withheld = {w["path"] for w in rec.withheld}
-            out_dir = svc.state.run_dir(rec.id) / "partial"
+            out_dir = self.state.run_dir(rec.id) / "partial"
             out_dir.mkdir(exist_ok=True)
             for f, (old, new), states in plan:
                 content = apply_hunks(old, new, {k for k, v in states.items() if v == "accepted"}).encode()
@@ -403,7 +418,7 @@ class Review:
                 mode = after.mode if after else base.mode if base else 0o644
                 entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
                 check = classify(
-                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), svc.policy, withheld
+                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), self._policy(), withheld
                 )
                 if check[0].decision is Decision.DENY:
                     raise StateError(
@@ -418,7 +433,7 @@ class Review:
         if ops:
             txid = f"{rec.id}-{len(rec.applied) + 1}"
             try:
-                result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                 done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
             except ConflictError as exc:
                 conflicts = list(exc.paths)
@@ -439,9 +454,9 @@ class Review:
                 self._settle_hunks(g, states)
             r.applied.extend(done)
 
-        rec = svc.store.update_run(rec.id, mark)
+        rec = self.store.update_run(rec.id, mark)
         applied = sorted({p for a in done for p in a.paths})
-        svc.audit.append(
+        self.audit.append(
             "review.approve_hunks",
             run=rec.id,
             agent=rec.agent,
@@ -458,7 +473,6 @@ class Review:
     def _reject_hunks(self, rec: RunRecord, selections: Mapping[str, Collection[str]], *, actor: str) -> RunRecord:
         """Discard the chosen hunks; the workspace is not touched. A file whose hunks are all
         decided becomes accepted (some landed) or rejected (none did)."""
-        svc = self.svc
         plan = self._hunk_plan(rec, selections, "rejected")
 
         def mark(r: RunRecord) -> None:
@@ -467,8 +481,8 @@ class Review:
                 if g is not None:
                     self._settle_hunks(g, states)
 
-        rec = svc.store.update_run(rec.id, mark)
-        svc.audit.append(
+        rec = self.store.update_run(rec.id, mark)
+        self.audit.append(
             "review.reject_hunks",
             run=rec.id,
             agent=rec.agent,
@@ -480,39 +494,38 @@ class Review:
 
     def undo(self, run_id: str, *, actor: str | None = None) -> RunRecord:
         """Reverse everything a run applied, when those files are unchanged since."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
+        rec = self.store.get_run(run_id)
         todo = [a for a in rec.applied if not a.undone]
         if not todo:
             raise StateError(f"run {rec.id} has nothing applied to undo")
         for a in reversed(todo):
-            ops = undo_ops(svc.workspace, svc.state.backups, a.txid)
-            commit(svc.workspace, svc.state.journal, svc.state.backups, f"{a.txid}-undo", ops)
+            ops = undo_ops(self.workspace, self.state.backups, a.txid)
+            commit(self.workspace, self.state.journal, self.state.backups, f"{a.txid}-undo", ops)
 
             def mark(r: RunRecord, txid: str = a.txid) -> None:
                 for x in r.applied:
                     if x.txid == txid:
                         x.undone = True
 
-            rec = svc.store.update_run(rec.id, mark)
-            svc.audit.append(
+            rec = self.store.update_run(rec.id, mark)
+            self.audit.append(
                 "review.undo",
                 run=rec.id,
                 agent=rec.agent,
                 policy=rec.policy_revision,
-                by=actor or svc.actor,
+                by=actor or self.actor,
                 txid=a.txid,
                 paths=a.paths,
             )
         if rec.state is RunState.APPLIED:
-            rec = svc.lifecycle.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
+            rec = self.lifecycle.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
         return rec
 
     # -- showing ------------------------------------------------------------------------------
 
     def contents(self, rec: RunRecord, f: FileReview) -> tuple[bytes | None, bytes | None]:
         """(base, proposed) bytes of one file change; None where the side does not exist."""
-        run_dir = self.svc.state.run_dir(rec.id)
+        run_dir = self.state.run_dir(rec.id)
         old = (run_dir / "base" / f.base_blob).read_bytes() if f.base_blob else None
         new = None
         after = _entry(f.after)
@@ -522,7 +535,7 @@ class Review:
         return old, new
 
     def diff(self, run_id: str, path: str | None = None) -> str:
-        rec = self.svc.store.get_run(run_id)
+        rec = self.store.get_run(run_id)
         parts = []
         for f in rec.files:
             if path and not under(f.path, path.strip("/")):

@@ -98,7 +98,16 @@ class Service:
             release_staging=self.cleanup_staging,
             proposal_ttl_s=lambda: self.policy.defaults.proposal_ttl_s,
         )
-        self.review = Review(self)
+        self.review = Review(
+            workspace=self.workspace,
+            state=self.state,
+            store=self.store,
+            audit=self.audit,
+            lifecycle=self.lifecycle,
+            policy=lambda: self.policy,
+            actor=actor,
+            seal=self.seal_live_tree,
+        )
 
     def recover(self) -> Service:
         """The start-up step of a process that may write (a run, a decision, the daemon):

@@ -273,3 +273,21 @@ def _size_sha(path: Path) -> tuple[int, str]:
     e = entry_for(path)
     assert e.sha256 is not None
     return e.size, e.sha256
+
+
+# -- the one transition function --------------------------------------------------------------------
+
+
+def test_a_transition_is_persisted_before_it_is_announced_and_checked(tmp_path: Path) -> None:
+    _, svc, rec = _proposed(tmp_path)
+    seen: list[tuple[str, str]] = []
+    svc.subscribe(lambda event, payload: seen.append((payload["state"], svc.store.get_run(rec.id).state.value)))
+    with pytest.raises(StateError, match="cannot become running"):
+        svc.lifecycle.transition(rec, RunState.RUNNING)
+    assert svc.store.get_run(rec.id).state is RunState.PROPOSED and seen == []
+    svc.review.reject(rec.id)
+    assert seen == [("rejected", "rejected")]  # announced once, after the store held it
+    got = svc.store.get_run(rec.id)
+    assert got.transitions[-1].state is RunState.REJECTED and got.transitions[-1].detail == "2 rejected"
+    assert kinds(list(svc.audit.events(run=rec.id)))[-1] == "run.rejected"
+    assert not (svc.state.run_dir(rec.id) / "staging").exists()  # settled: its staging released

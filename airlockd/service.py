@@ -1,5 +1,8 @@
-"""The run state machine: the one place that sequences admit -> stage -> contain -> inspect ->
-classify -> propose -> commit. The CLI and the LSP server are two doors into this class.
+"""The orchestrator: the one place that sequences admit -> stage -> contain -> inspect ->
+classify -> propose -> commit. The CLI and the LSP server are two doors into this class; every
+run state change goes through its `lifecycle` (airlockd/lifecycle.py), decisions through `review`.
+Constructing it changes nothing on disk but its state dir; `recover()` is the explicit start-up
+step of the processes that may write.
 
 Blocking work (copying, hashing, Docker) happens in the caller's thread; the LSP server calls
 these methods from worker threads, never from its event loop.
@@ -471,8 +474,6 @@ class Service:
         self.audit.append("agent.released", agent=agent, policy=self.loaded.revision, by=self.actor)
         self.emit("agentStatus", self.agent_status(agent))
         return next(a for a in self.agents() if a["agent"] == agent)
-
-    # -- recovery -----------------------------------------------------------------------------
 
     # -- recovery (airlockd/recovery.py) ------------------------------------------------------
 

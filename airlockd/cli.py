@@ -37,10 +37,24 @@ class RunDoc(dict[str, Any]):
     """One run as the CLI prints it (`--json`: this document; else `_print_run`)."""
 
 
-def _service(args: argparse.Namespace) -> Any:
+def _service(args: argparse.Namespace, *, recover: bool = False) -> Any:
+    """The workspace's Service; `recover` for commands that may write (a run, a decision):
+    interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
     from airlockd.service import Service
 
-    return Service(Path(args.workspace), actor="cli")
+    svc = Service(Path(args.workspace), actor="cli")
+    return svc.recover() if recover else svc
+
+
+def _hunks(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """`--hunk PATH:ID` (repeatable) as {path: [id, ...]}."""
+    out: dict[str, list[str]] = {}
+    for spec in args.hunk or ():
+        path, sep, hid = spec.rpartition(":")
+        if not sep or not path or not hid:
+            raise UsageError(f"--hunk {spec!r}: expected PATH:ID", hint="`airlockd show RUN --json` lists the hunk ids")
+        out.setdefault(path.strip("/"), []).append(hid)
+    return out or None
 
 
 def _state_root(args: argparse.Namespace) -> Path:
@@ -126,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> Any:
     daemon = _daemon(args, start=True)
     if daemon is not None:
         return _run_through(daemon, args, prompt)
-    svc = _service(args)
+    svc = _service(args, recover=True)
     svc.sweep()
     rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
     if args.wait:
@@ -235,9 +249,9 @@ def cmd_execute(args: argparse.Namespace) -> Any:
         from airlockd.service import Service
 
         values = json.loads(sys.stdin.read() or "[]")
-        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values])
+        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values]).recover()
     else:
-        svc = _service(args)
+        svc = _service(args, recover=True)
     if not args.events:
         return _run_doc(svc.resume(args.run) if args.resume else svc.execute(args.run))
     from airlockd.protocol import ProgressEvent, RunEvent
@@ -286,8 +300,15 @@ def cmd_show(args: argparse.Namespace) -> Any:
 
         d["evidence"] = evidence(svc, rec.id)
         d["policy"] = d["evidence"]["policy"]
+        d["hunks"] = _hunk_list(svc, rec)
         return d
+    from airlockd.pipeline.manifest import display
+
     _print_run(_run_doc(rec))
+    for path, hs in _hunk_list(svc, rec).items():
+        print(f"  hunks of {display(path)} (decide one with --hunk {display(path)}:ID):")
+        for h in hs:
+            print(f"    {h['id']}  line {h['line']}  {h['state']}")
     print("  timeline:")
     for t in rec.transitions:
         print(f"    {time.strftime('%H:%M:%S', time.localtime(t.at))} {t.state.value} {t.detail}")
@@ -298,6 +319,16 @@ def cmd_show(args: argparse.Namespace) -> Any:
     if log.exists() and log.stat().st_size:
         print(f"  agent output (redacted, not evidence): {log}")
     return None
+
+
+def _hunk_list(svc: Any, rec: RunRecord) -> dict[str, list[dict[str, Any]]]:
+    """path -> its hunks (id, first line in the base, review state), for files that have hunks."""
+    out = {}
+    for f in rec.files:
+        states = svc.review.hunk_states(rec, f)
+        if states:
+            out[f.path] = [{"id": h.id, "line": h.old_start + 1, "state": s} for h, s in states]
+    return out
 
 
 def cmd_diff(args: argparse.Namespace) -> Any:
@@ -312,6 +343,8 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
     chosen: dict[str, Any] = {"runId": args.run}
     if args.path:
         chosen["paths"] = list(args.path)
+    if hunks := _hunks(args):
+        chosen["hunks"] = hunks
     return chosen
 
 
@@ -323,7 +356,7 @@ def cmd_approve(args: argparse.Namespace) -> Any:
         doc.pop("timeline", None)
         applied, conflicts = got["applied"], got["conflicts"]
     else:
-        result = _service(args).review.approve(args.run, args.path or None)
+        result = _service(args, recover=True).review.approve(args.run, args.path or None, hunks=_hunks(args))
         doc, applied, conflicts = _run_json(result.run), result.applied, result.conflicts
     if args.json:
         return {"run": doc, "applied": applied, "conflicts": conflicts}
@@ -340,7 +373,7 @@ def cmd_reject(args: argparse.Namespace) -> Any:
     if daemon is not None:
         _ask(daemon, "airlock.reject", _selection(args))
         return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args).review.reject(args.run, args.path or None))
+    return _run_doc(_service(args, recover=True).review.reject(args.run, args.path or None, hunks=_hunks(args)))
 
 
 def cmd_undo(args: argparse.Namespace) -> Any:
@@ -348,7 +381,7 @@ def cmd_undo(args: argparse.Namespace) -> Any:
     if daemon is not None:
         _ask(daemon, "airlock.undo", {"runId": args.run})
         return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args).review.undo(args.run))
+    return _run_doc(_service(args, recover=True).review.undo(args.run))
 
 
 def cmd_stop(args: argparse.Namespace) -> Any:
@@ -558,13 +591,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("path", nargs="?")
     for name, fn, what in (("approve", cmd_approve, "commit"), ("reject", cmd_reject, "discard")):
-        sp = add(name, fn, f"{what} all pending changes, or the chosen paths")
+        sp = add(name, fn, f"{what} all pending changes, or the chosen paths / hunks")
         sp.add_argument("run")
         sp.add_argument(
             "--path",
             action="append",
             metavar="P",
-            help="a file or folder of the proposal (repeatable)",
+            help="a file or folder of the proposal (repeatable); a file with hunks decided already: its pending hunks",
+        )
+        sp.add_argument(
+            "--hunk",
+            action="append",
+            metavar="P:ID",
+            help="one hunk of a file, by the id `show --json` / the editor gives (repeatable)",
         )
     add("undo", cmd_undo, "reverse what a run applied").add_argument("run")
     add("stop", cmd_stop, "graceful stop: SIGTERM, grace period, then kill").add_argument("run")

@@ -85,7 +85,7 @@ def run_demo(where: Path | None = None) -> int:
     w = ["--workspace", str(ws)]
     from airlockd.service import Service
 
-    svc = Service(ws, actor="demo")
+    svc = Service(ws, actor="demo").recover()
     print('\n\033[1m$ airlockd run --agent scripted --wait "add a farewell function with a test"\033[0m')
     rec = svc.submit("scripted", "add a farewell function with a test; remove notes/obsolete.txt")
     rec = svc.execute(rec.id, lambda stage, msg: print(f"[{stage}] {msg}", flush=True))

@@ -1,6 +1,6 @@
 """Executing one admitted run: stage the workspace, contain the agent (sampling it live),
 record how it ended, then inspect and classify what it changed. The service sequences these
-steps and owns the state machine; each step persists through `svc.transition` and the store."""
+steps; every change of the run's state goes through `svc.lifecycle`, which owns the state machine."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def mirror_owner() -> tuple[int, int] | None:
 
 
 def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
-    rec = svc.transition(rec, RunState.STAGING)
+    rec = svc.lifecycle.transition(rec, RunState.STAGING)
     progress("staging", "copying the workspace without withheld files")
     staging = svc.state.run_dir(rec.id) / "staging"
     owner = mirror_owner()
@@ -210,7 +210,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         labels={"airlockd.workspace": str(svc.workspace), "airlockd.agent": rec.agent},
         workspace_overlay=overlay_volume(svc, run_dir),
     )
-    svc.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
+    svc.lifecycle.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
     progress("running", f"agent {rec.agent} running in {spec.image}")
     svc.audit.append(
         "container.starting",
@@ -308,10 +308,10 @@ def ending(svc: Service, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
     asked = info.stopped or rec.stop_kind  # the request may have come from another process
     if asked and (hit is None or rec.stop_kind):  # a person's request, not our token stop
         state = RunState.STOPPED if asked == "stop" else RunState.KILLED
-        return svc.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
+        return svc.lifecycle.transition(rec, state, f"{asked} requested by {rec.stopped_by or 'a user'}")
     if hit is not None:
         svc.audit.append("limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump())
-        rec = svc.transition(
+        rec = svc.lifecycle.transition(
             rec,
             RunState.LIMIT_EXCEEDED,
             f"{hit.limit}: {hit.measured} > {hit.allowed}",
@@ -345,7 +345,7 @@ def count_violation(svc: Service, rec: RunRecord) -> None:
 
 
 def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
-    rec = svc.transition(rec, RunState.INSPECTING)
+    rec = svc.lifecycle.transition(rec, RunState.INSPECTING)
     progress("inspecting", "hashing the staging copy")
     run_dir = svc.state.run_dir(rec.id)
     base = stagers.run_base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
@@ -392,12 +392,12 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     summary = f"{len(files)} changes: " + ", ".join(
         f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
     )
-    rec = svc.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
+    rec = svc.lifecycle.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
     if rec.mode == Mode.AUTO.value:
         auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
         if auto:
             rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
-    return svc.review.settle(rec.id)
+    return svc.lifecycle.settle(rec.id)
 
 
 def run_live(svc: Service, run_id: str) -> bool:

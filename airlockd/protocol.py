@@ -105,7 +105,8 @@ class Loose(Wire):
 
 class RunStatus(Wire):
     """`airlock/runStatus`: state and resource use of one run (at state changes, and at most once a
-    second while it runs). `conflicts`: paths that changed on disk under a pending proposal."""
+    second while it runs). `conflicts`: paths that changed on disk under a pending proposal; `cleared`: paths
+    whose conflict cleared (back to the change's base, no unsaved buffer): pending again."""
 
     runId: str
     agent: str
@@ -116,6 +117,7 @@ class RunStatus(Wire):
     outputBytes: int
     tokens: int
     conflicts: list[str] | None = None
+    cleared: list[str] | None = None
 
 
 class AgentStatus(Wire):

@@ -38,7 +38,7 @@ class RunState(StrEnum):
 
 LIVE_STATES = frozenset({RunState.ADMITTED, RunState.STAGING, RunState.RUNNING, RunState.INSPECTING})
 
-# state -> states it may move to; one transition function (Service._transition) enforces this.
+# state -> states it may move to; one transition function (RunLifecycle.transition) enforces this.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.ADMITTED: frozenset({RunState.STAGING}),
     RunState.STAGING: frozenset({RunState.RUNNING}),
@@ -74,6 +74,14 @@ class HunkState(StrEnum):
     CONFLICTED = "conflicted"
 
 
+class ConflictCause(StrEnum):
+    """Why a change is conflicted; the first two clear when their cause does."""
+
+    UNSAVED = "unsaved"  # the editor held unsaved changes of the file when it was decided
+    LIVE_EDIT = "live_edit"  # the file on disk moved away from the change's base while proposed
+    MOVED = "moved"  # the file moved between staging and inspection
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -101,6 +109,12 @@ class FileReview(_Record):
     # on disk: the base the next per-hunk commit is checked against.
     hunks: dict[str, str] = Field(default_factory=dict)
     partial: dict[str, Any] | None = None
+    conflict: ConflictCause | None = None  # while the change is conflicted: why
+
+    @property
+    def base(self) -> dict[str, Any] | None:
+        """What the live node must be for this change to land: what landed hunks left, else the base."""
+        return self.partial or self.before
 
     @property
     def kind(self) -> str:

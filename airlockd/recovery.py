@@ -66,7 +66,7 @@ def reconcile(svc: Service) -> None:
         )
         for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
             (svc.state.run_dir(rec.id) / name).unlink(missing_ok=True)
-        keep_for_inspection(svc, svc.transition(rec, RunState.FAILED, why, error=why))
+        keep_for_inspection(svc, svc.lifecycle.transition(rec, RunState.FAILED, why, error=why))
 
 
 def sweep(svc: Service) -> dict[str, int]:

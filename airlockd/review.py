@@ -1,7 +1,9 @@
-"""Review of a proposal: approve / reject / undo files, conflict detection, diffs.
+"""Review of a proposal: approve / reject / undo files and hunks, conflict detection, diffs.
 
 Every approval is its own transaction through `pipeline.commit`; a run stays `proposed` while any
-change is pending and settles to `applied` or `rejected` when none is.
+change is pending and settles (RunLifecycle.settle) to `applied` or `rejected` when none is. The
+per-hunk rule lives here, for every door: a file whose hunks are decided one by one is decided by
+its pending hunks only.
 """
 
 from __future__ import annotations
@@ -10,21 +12,22 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+from airlockd.audit import AuditLog
 from airlockd.errors import ConflictError, StateError, UsageError
+from airlockd.lifecycle import RunLifecycle, under
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
 from airlockd.pipeline.stagers import proposed_path
-from airlockd.policy import Decision
-from airlockd.records import Applied, FileReview, FileState, RunRecord, RunState
-
-if TYPE_CHECKING:
-    from airlockd.service import Service
+from airlockd.policy import Decision, Policy
+from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
+from airlockd.state import StateDir
+from airlockd.store import Store
 
 
 @dataclass
@@ -34,30 +37,45 @@ class ApproveResult:
     conflicts: list[str] = field(default_factory=list)
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 def _entry(d: dict[str, object] | None) -> Entry | None:
     return Entry.from_json(d) if d else None
 
 
 class Review:
-    def __init__(self, service: Service) -> None:
-        self.svc = service
+    """The decisions on a proposal. Its collaborators are what it uses, not the whole Service:
+    the lifecycle (opening a proposal for a decision, conflicts, settling), the store, audit and
+    state dir, the policy in force, and `seal` (the live tree's digest before the first write)."""
+
+    def __init__(
+        self,
+        *,
+        workspace: Path,
+        state: StateDir,
+        store: Store,
+        audit: AuditLog,
+        lifecycle: RunLifecycle,
+        policy: Callable[[], Policy],
+        actor: str,
+        seal: Callable[[RunRecord], None],
+    ) -> None:
+        self.workspace, self.state, self.store, self.audit = workspace, state, store, audit
+        self.lifecycle = lifecycle
+        self._policy = policy
+        self.actor = actor
+        self._seal = seal
 
     # -- after inspection ---------------------------------------------------------------------
 
     def keep_base_blobs(self, run_id: str, files: list[FileReview]) -> None:
         """Copy the live content each modified/deleted file was changed against, for diffs and
         hunks. A live file that no longer matches the staged base is already a conflict."""
-        blobs = self.svc.state.run_dir(run_id) / "base"
+        blobs = self.state.run_dir(run_id) / "base"
         blobs.mkdir(exist_ok=True)
         for n, f in enumerate(files):
             before = _entry(f.before)
             if before is None or before.kind is not Kind.FILE or f.state is FileState.DENIED:
                 continue
-            live = self.svc.workspace / f.path
+            live = self.workspace / f.path
             blob = blobs / str(n)
             try:
                 shutil.copyfile(live, blob, follow_symlinks=False)
@@ -68,17 +86,20 @@ class Review:
                 f.base_blob = str(n)
             else:
                 blob.unlink(missing_ok=True)
-                f.state = FileState.CONFLICTED
+                f.state, f.conflict = FileState.CONFLICTED, ConflictCause.MOVED
 
     # -- selection ----------------------------------------------------------------------------
 
-    def _select(self, rec: RunRecord, paths: Collection[str] | None) -> list[FileReview]:
+    def _select(self, rec: RunRecord, paths: Collection[str] | None, *, conflicted: bool = False) -> list[FileReview]:
+        """The pending changes under `paths` (all when none); with `conflicted`, the conflicted
+        ones too (a rejection may take them), else naming a conflicted file is a ConflictError."""
+        wanted = {FileState.PENDING, FileState.CONFLICTED} if conflicted else {FileState.PENDING}
         if not paths:
-            return list(rec.pending)
+            return [f for f in rec.files if f.state in wanted]
         chosen: dict[str, FileReview] = {}
         for p in paths:
             p = p.strip("/")
-            hits = [f for f in rec.files if _under(f.path, p)]
+            hits = [f for f in rec.files if under(f.path, p)]
             if not hits:
                 raise UsageError(
                     f"run {rec.id} has no change at {display(p)}",
@@ -87,15 +108,42 @@ class Review:
             for f in hits:
                 if f.state is FileState.DENIED and f.path == p:
                     raise StateError(f"{display(f.path)} is denied by {f.rule} ({f.reason}); it cannot be approved")
-                if f.state is FileState.CONFLICTED and f.path == p:
-                    raise ConflictError(
-                        f"nothing was written: {display(f.path)} changed in the workspace since the run was staged",
-                        paths=[f.path],
-                        hint="reject it, or start a new run on the current files",
-                    )
-                if f.state is FileState.PENDING:
+                if f.state is FileState.CONFLICTED and f.path == p and not conflicted:
+                    raise self._conflict(rec, [f.path], unsaved=())
+                if f.state in wanted:
                     chosen[f.path] = f
         return list(chosen.values())
+
+    def _pending_hunks(self, rec: RunRecord, f: FileReview) -> list[str] | None:
+        """The pending hunks of a file some of whose hunks are decided already; None for a file
+        decided as a whole (none of its hunks decided yet, or a change without hunks)."""
+        if not f.hunks or f.state is not FileState.PENDING:
+            return None
+        states = self.hunk_states(rec, f)
+        return None if states is None else [h.id for h, s in states if s == "pending"]
+
+    def _split(
+        self,
+        rec: RunRecord,
+        paths: Collection[str] | None,
+        hunks: Mapping[str, Collection[str]] | None,
+        *,
+        rejecting: bool,
+    ) -> tuple[dict[str, list[str]], list[FileReview]]:
+        """The per-hunk rule, for every door: a file whose hunks are decided one by one is decided
+        by its pending hunks only (a rejected hunk never lands, an accepted one is never taken
+        back); other files go whole. Chosen hunks (`hunks`) come first; `paths` add to them, and
+        neither means everything pending."""
+        by_hunk: dict[str, list[str]] = {p.strip("/"): list(ids) for p, ids in (hunks or {}).items()}
+        whole: list[FileReview] = []
+        if paths or not hunks:
+            for f in self._select(rec, paths, conflicted=rejecting):
+                pending = self._pending_hunks(rec, f)
+                if pending is None:
+                    whole.append(f)
+                elif pending:
+                    by_hunk[f.path] = sorted(set(by_hunk.get(f.path, ())) | set(pending))
+        return by_hunk, whole
 
     def _expand(self, rec: RunRecord, chosen: list[FileReview]) -> list[FileReview]:
         """Directories follow their contents: a created parent lands with its first file; a
@@ -105,13 +153,13 @@ class Review:
         for f in rec.files:
             if f.state is not FileState.PENDING or f.path in names or f.kind != Kind.DIR.value:
                 continue
-            if f.change == "created" and any(_under(c, f.path) for c in names):
+            if f.change == "created" and any(under(c, f.path) for c in names):
                 out.append(f)
                 names.add(f.path)
         kept = []
         for f in out:
             if f.kind == Kind.DIR.value and f.change == "deleted":
-                inside = [g for g in rec.files if g.path != f.path and _under(g.path, f.path)]
+                inside = [g for g in rec.files if g.path != f.path and under(g.path, f.path)]
                 if any(g.path not in names and g.state is not FileState.ACCEPTED for g in inside):
                     continue  # something below it stays: the directory stays too
             kept.append(f)
@@ -120,11 +168,11 @@ class Review:
     def _ops(self, rec: RunRecord, files: list[FileReview]) -> list[list[FileOp]]:
         """The transactions that land `files`: one, or two when a path changes type (the old
         node must be gone before the new one, or anything below it, can be created)."""
-        run_dir = self.svc.state.run_dir(rec.id)
+        run_dir = self.state.run_dir(rec.id)
         first: list[FileOp] = []
         ops: list[FileOp] = []
         for f in files:
-            before, new = _entry(f.partial) or _entry(f.before), _entry(f.after)
+            before, new = _entry(f.base), _entry(f.after)
             src = proposed_path(run_dir, f.path) if new and new.kind is Kind.FILE else None
             if f.change == "type_changed":
                 first.append(FileOp(f.path, before, None))
@@ -132,16 +180,40 @@ class Review:
             ops.append(FileOp(f.path, before, new, src))
         return [t for t in (first, ops) if t]
 
-    def _check_open(self, rec: RunRecord) -> None:
-        if rec.state is RunState.PROPOSED and rec.proposed_at is not None:
-            ttl = self.svc.policy.defaults.proposal_ttl_s
-            if time.time() - rec.proposed_at > ttl:
-                self.svc.transition(rec, RunState.EXPIRED, f"not decided within {ttl:.0f} s")
-                self.cleanup(rec)
-                raise StateError(f"run {rec.id} expired: its proposal was not decided within {ttl:.0f} s")
-        if rec.state is not RunState.PROPOSED:
-            raise StateError(f"run {rec.id} is {rec.state.value}; only a proposed run can be decided")
-        self.svc.seal_live_tree(rec)  # before anything of this proposal is written
+    def _open(
+        self,
+        run_id: str,
+        paths: Collection[str] | None,
+        hunks: Mapping[str, Collection[str]] | None,
+        dirty: Collection[str],
+    ) -> RunRecord:
+        """The proposal, open for a decision (expired here when past its TTL), with the conflicts
+        of the files this decision touches re-checked: those whose cause is gone are pending again."""
+        rec = self.lifecycle.open_for_decision(run_id)
+        touched: list[str] | None = [*(paths or ()), *(hunks or {})] or None
+        if self.lifecycle.clear_conflicts(rec.id, touched, dirty):
+            rec = self.store.get_run(rec.id)
+        self._seal(rec)  # before anything of this proposal is written
+        return rec
+
+    def _conflict(self, rec: RunRecord, paths: Collection[str], unsaved: Collection[str]) -> ConflictError:
+        """Nothing was written because of `paths`; the hint says the way forward for each cause."""
+        moved = [p for p in paths if p not in set(unsaved)]
+        why = []
+        if moved:
+            why.append(f"{', '.join(display(p) for p in moved)} changed in the workspace since the run was staged")
+        if len(moved) < len(paths):
+            names = ", ".join(display(p) for p in paths if p in set(unsaved))
+            why.append(f"{names} has unsaved changes in the editor")
+        if moved:
+            hint = (
+                f"put the file back as it was, or continue on the current files with a follow-up run"
+                f" (`airlockd run --agent {rec.agent} --follow-up {rec.id} PROMPT`),"
+                f" or reject the change (`airlockd reject {rec.id} --path {moved[0]}`)"
+            )
+        else:
+            hint = "save or revert the editor's buffer so it matches the file on disk, then decide again"
+        return ConflictError("nothing was written: " + "; ".join(why), paths=list(paths), hint=hint)
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -150,22 +222,47 @@ class Review:
         run_id: str,
         paths: Collection[str] | None = None,
         *,
+        hunks: Mapping[str, Collection[str]] | None = None,
         actor: str | None = None,
         dirty: Collection[str] = (),
         allow_conflict: bool = False,
     ) -> ApproveResult:
-        """Commit the chosen pending changes (all when `paths` is empty) in one transaction.
+        """Land the chosen pending changes: `hunks` (path -> hunk ids) and `paths` (files or
+        folders), or everything pending when neither. A file some of whose hunks are decided lands
+        only its pending hunks, whichever door asks. Each kind lands in one transaction.
 
         A file whose live content moved since staging, or that has unsaved editor changes
         (`dirty`), is marked conflicted and NOTHING is written (ConflictError), unless
         `allow_conflict`, where the rest lands and the conflicted files are reported."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
-        self._check_open(rec)
-        chosen = self._expand(rec, self._select(rec, paths))
-        if not chosen:
+        rec = self._open(run_id, paths, hunks, dirty)
+        by_hunk, whole = self._split(rec, paths, hunks, rejecting=False)
+        chosen = self._expand(rec, whole)
+        if not chosen and not by_hunk:
             raise StateError(f"run {rec.id}: nothing pending to approve in that selection")
-        actor = actor or svc.actor
+        actor = actor or self.actor
+        result = ApproveResult(rec)
+        if by_hunk:
+            got = self._approve_hunks(rec, by_hunk, actor=actor, dirty=dirty)
+            result.applied += got.applied
+            rec = got.run
+        if chosen:
+            got = self._approve_files(rec, chosen, paths, actor=actor, dirty=dirty, allow_conflict=allow_conflict)
+            result.applied += got.applied
+            result.conflicts += got.conflicts
+        result.applied = sorted(set(result.applied))
+        result.run = self.lifecycle.settle(rec.id)
+        return result
+
+    def _approve_files(
+        self,
+        rec: RunRecord,
+        chosen: list[FileReview],
+        paths: Collection[str] | None,
+        *,
+        actor: str,
+        dirty: Collection[str],
+        allow_conflict: bool,
+    ) -> ApproveResult:
         dirty_hits = [f.path for f in chosen if f.path in set(dirty)]
         conflicts = list(dirty_hits)
         done: list[Applied] = []
@@ -174,7 +271,7 @@ class Review:
             try:
                 for ops in self._ops(rec, todo):
                     txid = f"{rec.id}-{len(rec.applied) + len(done) + 1}"
-                    result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                    result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                     done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
                     todo = [f for f in todo if f.path not in result.applied or f.change == "type_changed"]
             except ConflictError as exc:
@@ -183,8 +280,8 @@ class Review:
                 continue
             break
         applied = sorted({p for a in done for p in a.paths})
-        rec = svc.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts))
-        svc.audit.append(
+        rec = self.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts, dirty_hits))
+        self.audit.append(
             "review.approve",
             run=rec.id,
             agent=rec.agent,
@@ -195,53 +292,50 @@ class Review:
             conflicts=conflicts,
         )
         if conflicts and not allow_conflict:
-            names = ", ".join(display(p) for p in conflicts)
-            raise ConflictError(
-                f"nothing was written: {names} changed since the run was staged"
-                + (" or has unsaved changes in the editor" if dirty_hits else ""),
-                paths=conflicts,
-                hint="save or revert the file, then reject those paths, or start a new run on the current files",
-            )
-        return ApproveResult(self.settle(rec.id), applied, conflicts)
+            raise self._conflict(rec, conflicts, dirty_hits)
+        return ApproveResult(rec, applied, conflicts)
 
     @staticmethod
-    def _mark(r: RunRecord, done: list[Applied], conflicts: list[str]) -> None:
+    def _mark(r: RunRecord, done: list[Applied], conflicts: list[str], unsaved: list[str]) -> None:
         applied = {p for a in done for p in a.paths}
         for f in r.files:
             if f.path in applied:
                 f.state = FileState.ACCEPTED
-            elif f.path in conflicts:
+            elif f.path in conflicts and f.state is FileState.PENDING:
                 f.state = FileState.CONFLICTED
+                f.conflict = ConflictCause.UNSAVED if f.path in unsaved else ConflictCause.LIVE_EDIT
         r.applied.extend(done)
 
-    def reject(self, run_id: str, paths: Collection[str] | None = None, *, actor: str | None = None) -> RunRecord:
-        """Discard the chosen pending (or conflicted) changes; the workspace is not touched."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
-        self._check_open(rec)
-        if paths:
-            names = {f.path for f in self._select(rec, paths)}
-            names |= {
-                f.path for f in rec.files if f.state is FileState.CONFLICTED and any(_under(f.path, p) for p in paths)
-            }
-        else:
-            names = {f.path for f in rec.files if f.state in (FileState.PENDING, FileState.CONFLICTED)}
+    def reject(
+        self,
+        run_id: str,
+        paths: Collection[str] | None = None,
+        *,
+        hunks: Mapping[str, Collection[str]] | None = None,
+        actor: str | None = None,
+        dirty: Collection[str] = (),
+    ) -> RunRecord:
+        """Discard the chosen pending (or conflicted) changes: `hunks`, `paths`, or everything
+        pending when neither. A file some of whose hunks are decided loses only its pending
+        hunks (what landed stays accepted). The workspace is not touched."""
+        rec = self._open(run_id, paths, hunks, dirty)
+        by_hunk, whole = self._split(rec, paths, hunks, rejecting=True)
+        actor = actor or self.actor
+        if by_hunk:
+            self._reject_hunks(rec, by_hunk, actor=actor)
+        names = {f.path for f in whole}
+        if names:
 
-        def mark(r: RunRecord) -> None:
-            for f in r.files:
-                if f.path in names:
-                    f.state = FileState.REJECTED
+            def mark(r: RunRecord) -> None:
+                for f in r.files:
+                    if f.path in names:
+                        f.state, f.conflict = FileState.REJECTED, None
 
-        rec = svc.store.update_run(rec.id, mark)
-        svc.audit.append(
-            "review.reject",
-            run=rec.id,
-            agent=rec.agent,
-            policy=rec.policy_revision,
-            by=actor or svc.actor,
-            paths=sorted(names),
-        )
-        return self.settle(rec.id)
+            rec = self.store.update_run(rec.id, mark)
+            self.audit.append(
+                "review.reject", run=rec.id, agent=rec.agent, policy=rec.policy_revision, by=actor, paths=sorted(names)
+            )
+        return self.lifecycle.settle(rec.id)
 
     # -- per hunk -----------------------------------------------------------------------------
 
@@ -277,6 +371,8 @@ class Review:
                 raise UsageError(f"run {rec.id} has no change at {display(path)}", field="hunks")
             if f.state is FileState.DENIED:
                 raise StateError(f"{display(f.path)} is denied by {f.rule} ({f.reason}); it cannot be decided")
+            if f.state is FileState.CONFLICTED:
+                raise self._conflict(rec, [f.path], [f.path] if f.conflict is ConflictCause.UNSAVED else ())
             if f.state is not FileState.PENDING:
                 raise StateError(f"{display(f.path)} is {f.state.value}; only pending hunks can be decided")
             texts = self.hunk_texts(rec, f)
@@ -299,38 +395,30 @@ class Review:
         if all(v != "pending" for v in states.values()):
             f.state = FileState.ACCEPTED if "accepted" in states.values() else FileState.REJECTED
 
-    def approve_hunks(
-        self,
-        run_id: str,
-        selections: Mapping[str, Collection[str]],
-        *,
-        actor: str | None = None,
-        dirty: Collection[str] = (),
+    def _approve_hunks(
+        self, rec: RunRecord, selections: Mapping[str, Collection[str]], *, actor: str, dirty: Collection[str]
     ) -> ApproveResult:
         """Land only the chosen hunks of each file, in one transaction of the commit engine: the
         file becomes its base with every accepted hunk applied (the rest keeps the base). The
         result is classified again as a change of its own; a file with unsaved editor changes
         (`dirty`) or whose disk content moved is marked conflicted and NOTHING is written."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
-        self._check_open(rec)
         plan = self._hunk_plan(rec, selections, "accepted")
-        actor = actor or svc.actor
-        conflicts = [f.path for f, _, _ in plan if f.path in set(dirty)]
+        unsaved = [f.path for f, _, _ in plan if f.path in set(dirty)]
+        conflicts = list(unsaved)
         ops: list[FileOp] = []
         partial: dict[str, dict[str, object]] = {}
         if not conflicts:
             withheld = {w["path"] for w in rec.withheld}
-            out_dir = svc.state.run_dir(rec.id) / "partial"
+            out_dir = self.state.run_dir(rec.id) / "partial"
             out_dir.mkdir(exist_ok=True)
             for f, (old, new), states in plan:
                 content = apply_hunks(old, new, {k for k, v in states.items() if v == "accepted"}).encode()
-                base = _entry(f.partial) or _entry(f.before)
+                base = _entry(f.base)
                 after = _entry(f.after)
                 mode = after.mode if after else base.mode if base else 0o644
                 entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
                 check = classify(
-                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), svc.policy, withheld
+                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), self._policy(), withheld
                 )
                 if check[0].decision is Decision.DENY:
                     raise StateError(
@@ -345,7 +433,7 @@ class Review:
         if ops:
             txid = f"{rec.id}-{len(rec.applied) + 1}"
             try:
-                result = commit(svc.workspace, svc.state.journal, svc.state.backups, txid, ops)
+                result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                 done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
             except ConflictError as exc:
                 conflicts = list(exc.paths)
@@ -358,41 +446,33 @@ class Review:
                 if conflicts:
                     if g.path in conflicts:
                         g.state = FileState.CONFLICTED
+                        g.conflict = ConflictCause.UNSAVED if g.path in unsaved else ConflictCause.LIVE_EDIT
                     continue
                 g.partial = partial.get(g.path, g.partial)
+                # it landed on its base: a conflict marked meanwhile saw this very write
+                g.state, g.conflict = FileState.PENDING, None
                 self._settle_hunks(g, states)
             r.applied.extend(done)
 
-        rec = svc.store.update_run(rec.id, mark)
-        chosen = {p: sorted(ids) for p, ids in selections.items()}
+        rec = self.store.update_run(rec.id, mark)
         applied = sorted({p for a in done for p in a.paths})
-        svc.audit.append(
+        self.audit.append(
             "review.approve_hunks",
             run=rec.id,
             agent=rec.agent,
             policy=rec.policy_revision,
             by=actor,
-            hunks=chosen,
+            hunks={p: sorted(ids) for p, ids in selections.items()},
             applied=applied,
             conflicts=conflicts,
         )
         if conflicts:
-            names = ", ".join(display(p) for p in conflicts)
-            raise ConflictError(
-                f"nothing was written: {names} changed since the run was staged or has unsaved changes in the editor",
-                paths=conflicts,
-                hint="save or revert the file, then reject those changes, or start a new run on the current files",
-            )
-        return ApproveResult(self.settle(rec.id), applied, [])
+            raise self._conflict(rec, conflicts, unsaved)
+        return ApproveResult(rec, applied, [])
 
-    def reject_hunks(
-        self, run_id: str, selections: Mapping[str, Collection[str]], *, actor: str | None = None
-    ) -> RunRecord:
+    def _reject_hunks(self, rec: RunRecord, selections: Mapping[str, Collection[str]], *, actor: str) -> RunRecord:
         """Discard the chosen hunks; the workspace is not touched. A file whose hunks are all
         decided becomes accepted (some landed) or rejected (none did)."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
-        self._check_open(rec)
         plan = self._hunk_plan(rec, selections, "rejected")
 
         def mark(r: RunRecord) -> None:
@@ -401,101 +481,51 @@ class Review:
                 if g is not None:
                     self._settle_hunks(g, states)
 
-        rec = svc.store.update_run(rec.id, mark)
-        svc.audit.append(
+        rec = self.store.update_run(rec.id, mark)
+        self.audit.append(
             "review.reject_hunks",
             run=rec.id,
             agent=rec.agent,
             policy=rec.policy_revision,
-            by=actor or svc.actor,
+            by=actor,
             hunks={p: sorted(ids) for p, ids in selections.items()},
         )
-        return self.settle(rec.id)
-
-    def mark_conflicted(self, run_id: str, paths: Collection[str], why: str) -> RunRecord:
-        """Mark pending changes conflicted (the live file moved under the proposal). Writes nothing."""
-        svc = self.svc
-        hit: list[str] = []
-
-        def mark(r: RunRecord) -> None:
-            for f in r.files:
-                if f.path in paths and f.state is FileState.PENDING:
-                    f.state = FileState.CONFLICTED
-                    hit.append(f.path)
-
-        rec = svc.store.update_run(run_id, mark)
-        if hit:
-            svc.audit.append(
-                "review.conflicted", run=rec.id, agent=rec.agent, policy=rec.policy_revision, paths=hit, why=why
-            )
-        return rec
-
-    def settle(self, run_id: str) -> RunRecord:
-        """Close the run when no change is pending: applied if anything landed, else rejected."""
-        rec = self.svc.store.get_run(run_id)
-        if rec.state is not RunState.PROPOSED:
-            return rec
-
-        # a deleted directory whose contents were partly kept can no longer be deleted
-        def drop_dirs(r: RunRecord) -> None:
-            for f in r.pending:
-                if f.kind == Kind.DIR.value:
-                    inside = [g for g in r.files if g.path != f.path and _under(g.path, f.path)]
-                    if inside and all(g.state is not FileState.PENDING for g in inside):
-                        f.state = (
-                            FileState.ACCEPTED
-                            if all(g.state is FileState.ACCEPTED for g in inside) and f.change == "created"
-                            else FileState.REJECTED
-                        )
-
-        rec = self.svc.store.update_run(rec.id, drop_dirs)
-        if rec.pending or any(f.state is FileState.CONFLICTED for f in rec.files):
-            return rec
-        landed = any(f.state is FileState.ACCEPTED for f in rec.files) or not rec.files  # nothing to land
-        counts = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
-        detail = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no changes"
-        rec = self.svc.transition(rec, RunState.APPLIED if landed else RunState.REJECTED, detail)
-        self.cleanup(rec)
         return rec
 
     def undo(self, run_id: str, *, actor: str | None = None) -> RunRecord:
         """Reverse everything a run applied, when those files are unchanged since."""
-        svc = self.svc
-        rec = svc.store.get_run(run_id)
+        rec = self.store.get_run(run_id)
         todo = [a for a in rec.applied if not a.undone]
         if not todo:
             raise StateError(f"run {rec.id} has nothing applied to undo")
         for a in reversed(todo):
-            ops = undo_ops(svc.workspace, svc.state.backups, a.txid)
-            commit(svc.workspace, svc.state.journal, svc.state.backups, f"{a.txid}-undo", ops)
+            ops = undo_ops(self.workspace, self.state.backups, a.txid)
+            commit(self.workspace, self.state.journal, self.state.backups, f"{a.txid}-undo", ops)
 
             def mark(r: RunRecord, txid: str = a.txid) -> None:
                 for x in r.applied:
                     if x.txid == txid:
                         x.undone = True
 
-            rec = svc.store.update_run(rec.id, mark)
-            svc.audit.append(
+            rec = self.store.update_run(rec.id, mark)
+            self.audit.append(
                 "review.undo",
                 run=rec.id,
                 agent=rec.agent,
                 policy=rec.policy_revision,
-                by=actor or svc.actor,
+                by=actor or self.actor,
                 txid=a.txid,
                 paths=a.paths,
             )
         if rec.state is RunState.APPLIED:
-            rec = svc.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
+            rec = self.lifecycle.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
         return rec
-
-    def cleanup(self, rec: RunRecord) -> None:
-        self.svc.cleanup_staging(rec)
 
     # -- showing ------------------------------------------------------------------------------
 
     def contents(self, rec: RunRecord, f: FileReview) -> tuple[bytes | None, bytes | None]:
         """(base, proposed) bytes of one file change; None where the side does not exist."""
-        run_dir = self.svc.state.run_dir(rec.id)
+        run_dir = self.state.run_dir(rec.id)
         old = (run_dir / "base" / f.base_blob).read_bytes() if f.base_blob else None
         new = None
         after = _entry(f.after)
@@ -505,10 +535,10 @@ class Review:
         return old, new
 
     def diff(self, run_id: str, path: str | None = None) -> str:
-        rec = self.svc.store.get_run(run_id)
+        rec = self.store.get_run(run_id)
         parts = []
         for f in rec.files:
-            if path and not _under(f.path, path.strip("/")):
+            if path and not under(f.path, path.strip("/")):
                 continue
             head = f"# {display(f.path)}: {f.change}, {f.decision.value} ({f.rule}: {f.reason}) [{f.state.value}]"
             if f.kind != Kind.FILE.value or f.state is FileState.DENIED:

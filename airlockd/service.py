@@ -1,5 +1,8 @@
-"""The run state machine: the one place that sequences admit -> stage -> contain -> inspect ->
-classify -> propose -> commit. The CLI and the LSP server are two doors into this class.
+"""The orchestrator: the one place that sequences admit -> stage -> contain -> inspect ->
+classify -> propose -> commit. The CLI and the LSP server are two doors into this class; every
+run state change goes through its `lifecycle` (airlockd/lifecycle.py), decisions through `review`.
+Constructing it changes nothing on disk but its state dir; `recover()` is the explicit start-up
+step of the processes that may write.
 
 Blocking work (copying, hashing, Docker) happens in the caller's thread; the LSP server calls
 these methods from worker threads, never from its event loop.
@@ -19,22 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from airlockd import execution, recovery
-from airlockd.agents import sessions as agent_sessions
 from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence import live_tree, schemes_differ
 from airlockd.gateway import runs as gateway_runs
+from airlockd.lifecycle import RunLifecycle
 from airlockd.pipeline import admission, stagers
 from airlockd.pipeline.keeper import MirrorKeeper
-from airlockd.policy import Level, LoadedPolicy, Mode, load_policy
+from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
-from airlockd.records import (
-    RunRecord,
-    RunState,
-    Transition,
-    allowed,
-)
+from airlockd.records import RunRecord, RunState, Transition
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.review import Review
 from airlockd.sandbox.base import ExitInfo, Sandbox
@@ -109,9 +107,35 @@ class Service:
         else:
             self.redactor.add(*known_values)
             self._learned = (time.monotonic(), lowest)
-        self.review = Review(self)
+        self.lifecycle = RunLifecycle(
+            workspace=self.workspace,
+            state=self.state,
+            store=self.store,
+            audit=self.audit,
+            redactor=self.redactor,
+            announce=lambda rec: self.emit("runStatus", self.run_status(rec)),
+            release_staging=self.cleanup_staging,
+            proposal_ttl_s=lambda: self.policy.defaults.proposal_ttl_s,
+        )
+        self.review = Review(
+            workspace=self.workspace,
+            state=self.state,
+            store=self.store,
+            audit=self.audit,
+            lifecycle=self.lifecycle,
+            policy=lambda: self.policy,
+            actor=actor,
+            seal=self.seal_live_tree,
+        )
+
+    def recover(self) -> Service:
+        """The start-up step of a process that may write (a run, a decision, the daemon):
+        finish or roll back commits a crash interrupted (the journal), and reconcile runs whose
+        process died (re-attached, or recorded as failed). Constructing a Service never does this,
+        so reading commands (`runs`, `show`, `diff`) leave the workspace and the runs alone."""
         recovery.recover_journals(self)
         recovery.reconcile(self)
+        return self
 
     @property
     def actor(self) -> str:
@@ -173,7 +197,7 @@ class Service:
             self.keeper = None
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> Policy:
         return self.loaded.policy
 
     # -- sandbox ------------------------------------------------------------------------------
@@ -197,32 +221,6 @@ class Service:
 
             return codex_image_tag()
         return image_tag()
-
-    # -- state machine ------------------------------------------------------------------------
-
-    def transition(self, rec: RunRecord, dst: RunState, detail: str = "", **fields: Any) -> RunRecord:
-        """Persist a state change (checked against the run state machine), then audit it."""
-        detail = self.redactor.text(detail)
-
-        def change(r: RunRecord) -> None:
-            if r.state != dst and not allowed(r.state, dst):
-                raise StateError(f"run {r.id} is {r.state.value}; it cannot become {dst.value}")
-            r.state = dst
-            r.transitions.append(Transition(state=dst, at=time.time(), detail=detail))
-            for k, v in fields.items():
-                setattr(r, k, v)
-
-        rec = self.store.update_run(rec.id, change)
-        agent_sessions.settle(self, rec, dst)  # the agent's conversation follows the run's fate
-        self.audit.append(
-            f"run.{dst.value}",
-            run=rec.id,
-            agent=rec.agent,
-            policy=rec.policy_revision,
-            detail=detail,
-        )
-        self.emit("runStatus", self.run_status(rec))
-        return rec
 
     # -- events (the LSP server subscribes; the CLI does not) ---------------------------------
 
@@ -383,7 +381,7 @@ class Service:
             if rec.state.live:
                 msg = self.redactor.text(str(exc))
                 log.exception("run %s failed", rec.id)
-                rec = self.transition(rec, RunState.FAILED, msg, error=msg)
+                rec = self.lifecycle.transition(rec, RunState.FAILED, msg, error=msg)
                 self.keep_for_inspection(rec)
             if isinstance(exc, EngineError | PolicyError):
                 raise
@@ -494,8 +492,6 @@ class Service:
         self.audit.append("agent.released", agent=agent, policy=self.loaded.revision, by=self.actor)
         self.emit("agentStatus", self.agent_status(agent))
         return next(a for a in self.agents() if a["agent"] == agent)
-
-    # -- recovery -----------------------------------------------------------------------------
 
     # -- recovery (airlockd/recovery.py) ------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lsprotocol import types
@@ -38,7 +38,6 @@ from airlockd.protocol import (
     RunTaskArgs,
 )
 from airlockd.records import FileState, RunRecord
-from airlockd.review import Review
 from airlockd.service import Service
 
 log = logging.getLogger(__name__)
@@ -112,61 +111,15 @@ def evidence(svc: Service, run_id: str) -> dict[str, Any]:
     ).wire()
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
-def split_selection(
-    review: Review, rec: RunRecord, paths: Collection[str] | None
-) -> tuple[dict[str, list[str]], list[str]]:
-    """Files some of whose hunks are already decided go hunk by hunk (their pending hunks), so a
-    rejected hunk never lands with the rest; the others go by path."""
-    chosen = [f for f in rec.pending if not paths or any(_under(f.path, p.strip("/")) for p in paths)]
-    by_hunk: dict[str, list[str]] = {}
-    for f in chosen:
-        if not f.hunks:
-            continue
-        states = review.hunk_states(rec, f) or []
-        by_hunk[f.path] = [h.id for h, s in states if s == "pending"]
-    rest = [f.path for f in chosen if f.path not in by_hunk]
-    return by_hunk, rest
-
-
 def approve(svc: Service, args: DecideArgs, dirty: set[str]) -> dict[str, Any]:
-    """One approval: chosen hunks, chosen paths, or everything pending."""
-    review = svc.review
-    applied: list[str] = []
-    conflicts: list[str] = []
-    if args.hunks:
-        result = review.approve_hunks(args.runId, args.hunks, dirty=dirty)
-        applied += result.applied
-    if args.paths or not args.hunks:
-        rec = svc.store.get_run(args.runId)
-        by_hunk, rest = split_selection(review, rec, args.paths)
-        if by_hunk:
-            applied += review.approve_hunks(rec.id, by_hunk, dirty=dirty).applied
-        if rest or not by_hunk:
-            result = review.approve(rec.id, rest or args.paths, dirty=dirty)
-            applied += result.applied
-            conflicts += result.conflicts
-    rec = svc.store.get_run(args.runId)
-    return ApproveResult(runId=rec.id, state=rec.state, applied=sorted(set(applied)), conflicts=conflicts).wire()
+    """One approval: chosen hunks, chosen paths, or everything pending (Review.approve)."""
+    result = svc.review.approve(args.runId, args.paths, hunks=args.hunks, dirty=dirty)
+    rec = result.run
+    return ApproveResult(runId=rec.id, state=rec.state, applied=result.applied, conflicts=result.conflicts).wire()
 
 
-def reject(svc: Service, args: DecideArgs) -> dict[str, Any]:
-    review = svc.review
-    if args.hunks:
-        review.reject_hunks(args.runId, args.hunks)
-    if args.paths or not args.hunks:
-        rec = svc.store.get_run(args.runId)
-        by_hunk, rest = split_selection(review, rec, args.paths)
-        if by_hunk:
-            review.reject_hunks(rec.id, by_hunk)
-        rec = svc.store.get_run(rec.id)
-        conflicted = any(f.state is FileState.CONFLICTED for f in rec.files)
-        if rest or (not args.paths and (rec.pending or conflicted)):
-            review.reject(rec.id, rest or args.paths)
-    return _result(svc.store.get_run(args.runId))
+def reject(svc: Service, args: DecideArgs, dirty: set[str]) -> dict[str, Any]:
+    return _result(svc.review.reject(args.runId, args.paths, hunks=args.hunks, dirty=dirty))
 
 
 def _result(rec: RunRecord) -> dict[str, Any]:
@@ -220,8 +173,10 @@ async def approve_cmd(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 
 async def reject_cmd(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     a = parse(DecideArgs, arguments)
+    snap = documents.snapshot(ls)
     try:
-        return await ls.decide(reject, ls.service, a)
+        dirty = await ls.call(documents.dirty_paths, ls.service.workspace, snap)
+        return await ls.decide(reject, ls.service, a, dirty)
     finally:
         ls.spawn(status.push_proposal(ls, a.runId), name=f"proposal {a.runId}")
         ls.proposal_changed(a.runId)

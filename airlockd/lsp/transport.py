@@ -328,7 +328,7 @@ def serve(
     server = None
     try:
         try:
-            server = create_server(Service(workspace, actor="lsp"))
+            server = create_server(Service(workspace, actor="lsp").recover())  # recovery: once, at start-up
         except AirlockError as exc:
             ready.failed(exc)
             raise

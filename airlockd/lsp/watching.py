@@ -3,7 +3,9 @@
 - `policies.toml` at the workspace root is always watched: an edit reloads the policy; a bad file
   keeps the last good one in force and the server says so.
 - While any run is proposed the whole tree is watched: a live edit to a file a pending change
-  touches marks that change conflicted at once (`airlock/runStatus`, `airlock/proposal`). When
+  touches marks that change conflicted at once (`airlock/runStatus`, `airlock/proposal`), and a
+  conflicted file put back as it was (and not dirty in the editor) is pending again; both are
+  the run lifecycle's rules (RunLifecycle.on_disk_change), this module only feeds it. When
   the mirror keeper watches the workspace (pipeline/keeper.py), its inotify queue is followed
   instead (drained as soon as it is readable): one set of watches, none made per proposal.
 - Every few seconds, proposals older than the policy's `proposal_ttl_s` become `expired`.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,12 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from airlockd.errors import AirlockError, PolicyError
-from airlockd.lsp import status
+from airlockd.lsp import documents, status
 from airlockd.lsp.server import AirlockServer
-from airlockd.pipeline.manifest import Entry, Kind, display, entry_for
+from airlockd.pipeline.manifest import display
 from airlockd.policy import POLICY_FILE
 from airlockd.protocol import RunStatus
-from airlockd.records import FileState, RunRecord, RunState
+from airlockd.records import RunRecord, RunState
 from airlockd.service import Service
 
 log = logging.getLogger(__name__)
@@ -170,15 +171,21 @@ async def _flush(ls: AirlockServer, w: Watch) -> None:
     changed, trees, w.changed, w.trees, w.flushing = w.changed, w.trees, set(), set(), False
     if POLICY_FILE in changed or "" in trees:
         await reload_policy(ls)
-    hits = await ls.decide(conflicts_from_disk, ls.service, changed, trees)
-    for rec, paths in hits:
-        names = ", ".join(display(p) for p in paths)
-        run_status = RunStatus.model_validate({**ls.service.run_status(rec), "conflicts": paths})
-        ls.notify(status.RUN_STATUS, run_status.wire())
-        ls.show(
-            f"airlock: run {rec.id}: {names} changed on disk while the proposal was pending; marked conflicted",
-            types.MessageType.Warning,
-        )
+    hits = await ls.decide(on_disk_change, ls.service, changed, trees, documents.snapshot(ls))
+    for rec, moved, cleared in hits:
+        if moved:
+            names = ", ".join(display(p) for p in moved)
+            said = RunStatus.model_validate({**ls.service.run_status(rec), "conflicts": moved})
+            ls.notify(status.RUN_STATUS, said.wire())
+            ls.show(
+                f"airlock: run {rec.id}: {names} changed on disk while the proposal was pending; marked conflicted",
+                types.MessageType.Warning,
+            )
+        if cleared:
+            names = ", ".join(display(p) for p in cleared)
+            said = RunStatus.model_validate({**ls.service.run_status(rec), "cleared": cleared})
+            ls.notify(status.RUN_STATUS, said.wire())
+            ls.show(f"airlock: run {rec.id}: {names} is back as it was; pending again", types.MessageType.Info)
         await status.push_proposal(ls, rec.id)
         ls.proposal_changed(rec.id)
 
@@ -198,73 +205,20 @@ async def reload_policy(ls: AirlockServer) -> None:
         ls.show(f"airlock: policy reloaded (revision {loaded.revision})", types.MessageType.Info)
 
 
-def _expected(f: Any) -> Entry | None:
-    d = f.partial or f.before
-    return Entry.from_json(d) if d else None
-
-
-def _moved(workspace: Path, rel: str, expected: Entry | None) -> bool:
-    try:
-        live = entry_for(workspace / rel)
-    except FileNotFoundError:
-        return expected is not None
-    except OSError:
-        return True
-    if expected is None:
-        return True
-    return not live.same_content(expected)
-
-
-def conflicts_from_disk(
-    svc: Service, changed: Iterable[str], trees: Iterable[str] = ()
-) -> list[tuple[RunRecord, list[str]]]:
-    """Pending changes of proposed runs whose live file moved away from their base: marked
-    conflicted (blocking; call it holding the decisions lock). `changed` are paths that may have
-    changed, `trees` directories anything under which may have ("" is the whole workspace)."""
-    changed = set(changed)
-    tops = list(trees)
-    if tops:
-        pending = {f.path for r in svc.store.list_runs() if r.state is RunState.PROPOSED for f in r.files}
-        changed |= {p for p in pending for t in tops if not t or p == t or p.startswith(t + "/")}
-    out = []
-    for rec in svc.store.list_runs():
-        if rec.state is not RunState.PROPOSED:
-            continue
-        moved = [
-            f.path
-            for f in rec.files
-            if f.state is FileState.PENDING
-            and f.kind == Kind.FILE.value
-            and f.path in changed
-            and _moved(svc.workspace, f.path, _expected(f))
-        ]
-        if moved:
-            out.append((svc.review.mark_conflicted(rec.id, moved, "the live file changed"), moved))
-    return out
-
-
-def expire_due(svc: Service, now: float | None = None) -> list[RunRecord]:
-    """Proposals not decided within the policy's TTL become expired; nothing is written."""
-    now = time.time() if now is None else now
-    ttl = svc.policy.defaults.proposal_ttl_s
-    out = []
-    for rec in svc.store.list_runs():
-        if rec.state is RunState.PROPOSED and rec.proposed_at is not None and now - rec.proposed_at > ttl:
-            try:
-                rec = svc.transition(rec, RunState.EXPIRED, f"not decided within {ttl:.0f} s")
-            except AirlockError as exc:  # decided meanwhile
-                log.info("run %s not expired: %s", rec.id, exc.message)
-                continue
-            svc.review.cleanup(rec)
-            out.append(rec)
-    return out
+def on_disk_change(
+    svc: Service, changed: Iterable[str], trees: Iterable[str], buffers: dict[str, str]
+) -> list[tuple[RunRecord, list[str], list[str]]]:
+    """The lifecycle's re-check of what changed on disk, with the editor's unsaved buffers
+    (blocking; call it holding the decisions lock)."""
+    dirty = documents.dirty_paths(svc.workspace, buffers)
+    return svc.lifecycle.on_disk_change(changed, trees, dirty)
 
 
 async def _expiry_loop(ls: AirlockServer) -> None:
     while True:
         await asyncio.sleep(EXPIRY_CHECK_S)
         try:
-            expired = await ls.decide(expire_due, ls.service)
+            expired = await ls.decide(ls.service.lifecycle.expire_due)
         except AirlockError as exc:
             log.warning("expiry check failed: %s", exc.message)
             continue

@@ -50,6 +50,13 @@ def cli(ws: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     return code, json.loads(out) if out.strip() else None
 
 
+def _recover(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A command that may write recovers first (`show` and `runs` never do): `undo` of a run that
+    does not exist recovers and changes nothing else."""
+    code, _ = cli(ws, "undo", "rnosuchrun", capsys=capsys)
+    assert code == 1
+
+
 def test_run_approve_undo(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = (
         "set -e; test ! -e .env; echo 'C = 3' >> src/pkg/mod.py; mkdir -p src/new; echo x > src/new/f.py;"
@@ -212,7 +219,8 @@ def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.Capture
         time.sleep(0.1)
     os.kill(running["owner_pid"], signal.SIGKILL)  # dies without cleaning up
     time.sleep(0.5 if agent_s > 1 else 3)  # the short agent has exited by the time anyone looks
-    final = _wait_state(ws, run["id"], {"proposed", "failed"}, capsys)  # `show` reconciles
+    _recover(ws, capsys)
+    final = _wait_state(ws, run["id"], {"proposed", "failed"}, capsys)
     assert final["state"] == "proposed", final.get("error")
     assert [f["path"] for f in final["files"]] == ["done.txt"]
     assert final["owner_pid"] != running["owner_pid"]
@@ -237,6 +245,8 @@ def test_a_run_whose_container_is_gone_is_reconciled(ws: Path, capsys: pytest.Ca
     for c in docker.from_env().containers.list(all=True, filters=label):
         c.remove(force=True)  # and its container with it
     time.sleep(0.5)
+    assert _wait_state(ws, run["id"], {"running"}, capsys)  # reading commands reconcile nothing
+    _recover(ws, capsys)
     final = _wait_state(ws, run["id"], {"failed"}, capsys)
     assert "ended while it was running" in final["error"]
     assert docker.from_env().containers.list(all=True, filters=label) == []
@@ -265,6 +275,7 @@ def test_a_container_created_but_never_started_is_not_taken_for_a_run(
     svc.store.update_run(rec.id, running)
     labels = {"airlockd": "1", "airlockd.run": rec.id, "airlockd.workspace": str(svc.workspace)}
     docker.from_env().containers.create(image_tag(), ["true"], labels=labels)
+    _recover(ws, capsys)
     final = _wait_state(ws, rec.id, {"failed", "applied", "proposed"}, capsys)
     assert final["state"] == "failed", final
     assert "gone" in final["error"]

@@ -172,7 +172,7 @@ def test_recovery_after_a_crash_is_an_event_and_drops_the_raw_prompt(tmp_path: P
     raw = svc.state.run_dir(rec.id) / "prompt.raw"
     assert raw.exists()
     svc.store.update_run(rec.id, lambda r: (setattr(r, "state", RunState.RUNNING), setattr(r, "owner_pid", 2**22 + 7)))
-    svc2 = Service(ws, sandbox=FakeSandbox(_agent))
+    svc2 = Service(ws, sandbox=FakeSandbox(_agent)).recover()  # the start-up step, not construction
     assert svc2.store.get_run(rec.id).state is RunState.FAILED
     ev = next(e for e in svc2.audit.events(run=rec.id) if e["kind"] == "recovery.reconciled")
     assert ev["data"]["was"] == "running" and ev["policy"] == rec.policy_revision

@@ -57,7 +57,8 @@ export interface RunStatusEvent {
 }
 /**
  * `airlock/runStatus`: state and resource use of one run (at state changes, and at most once a
- * second while it runs). `conflicts`: paths that changed on disk under a pending proposal.
+ * second while it runs). `conflicts`: paths that changed on disk under a pending proposal; `cleared`: paths
+ * whose conflict cleared (back to the change's base, no unsaved buffer): pending again.
  */
 export interface RunStatus {
   runId: string;
@@ -69,6 +70,7 @@ export interface RunStatus {
   outputBytes: number;
   tokens: number;
   conflicts?: string[];
+  cleared?: string[];
 }
 export interface AgentStatusEvent {
   type: "agentStatus";

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,20 +22,17 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-from docker.types import LogConfig, Mount
 from docker.utils.socket import frames_iter
 
-from airlockd.errors import EngineError, UsageError
+from airlockd.errors import EngineError
 from airlockd.policy import Limits
 from airlockd.sandbox import volumes
-from airlockd.sandbox.base import STDIN_PATH, TAIL_BYTES, WORKSPACE_PATH, ContainerSpec, ExitInfo
+from airlockd.sandbox.base import TAIL_BYTES, ContainerSpec, ExitInfo
+from airlockd.sandbox.dockerargs import RUN_LABEL, create_kwargs
 
 log = logging.getLogger(__name__)
 
-RUN_LABEL = "airlockd.run"
-OWNER_LABEL = "airlockd"
 _ENGINE_FIX = "start the engine with scripts/ensure-docker.sh (or `make engine`) and check `docker info`"
-_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 _DockerFailure = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
@@ -114,7 +110,7 @@ class DockerSandbox:
         Blocking: call it from a worker thread. `on_output` gets stdout+stderr chunks in order
         (up to the output limit) on the reader thread; it must not block for long.
         """
-        kwargs = self._create_kwargs(spec)
+        kwargs = create_kwargs(spec)
         started = time.monotonic()
         container: Container | None = None
         out = _Output(spec.limits.output_bytes)
@@ -275,59 +271,6 @@ class DockerSandbox:
 
     # ---- pieces ------------------------------------------------------------------------------
 
-    def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
-        if spec.network != "none":
-            raise UsageError(
-                f"network {spec.network!r} is not supported by the Docker sandbox yet",
-                hint='use network = "none"; the model gateway arrives as a mounted socket',
-            )
-        if not spec.argv:
-            raise UsageError(f"run {spec.run_id}: empty command", hint="give the agent a command")
-        if not spec.workspace.is_absolute() or not spec.workspace.is_dir():
-            raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
-        mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
-        if spec.workspace_overlay is not None:
-            mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False)]
-        argv = list(spec.argv)
-        if spec.stdin_file is not None:
-            if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():
-                raise UsageError(f"run {spec.run_id}: stdin file {spec.stdin_file} is not a file")
-            mounts.append(Mount(STDIN_PATH, str(spec.stdin_file), type="bind", read_only=True))
-            argv = ["/bin/sh", "-c", f'exec "$@" < {STDIN_PATH}', "agent", *argv]
-        for host, target, read_only in spec.mounts:
-            if not host.is_absolute() or not target.startswith("/"):
-                raise UsageError(f"run {spec.run_id}: mount {host} -> {target} needs absolute paths")
-            mounts.append(Mount(target, str(host), type="bind", read_only=read_only))
-        lim = spec.limits
-        kwargs: dict[str, Any] = {
-            "image": spec.image,
-            "command": argv,
-            "user": spec.user,
-            "environment": dict(spec.env),
-            "working_dir": WORKSPACE_PATH,
-            "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id},
-            "network_mode": "none",
-            "read_only": True,
-            "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            "mounts": mounts,
-            "mem_limit": f"{lim.memory_mb}m",
-            "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap
-            "pids_limit": lim.pids,
-            "nano_cpus": int(lim.cpus * 1e9),
-            "init": True,  # docker-init as PID 1: reaps zombies, forwards SIGTERM
-            "stdin_open": False,
-            "tty": False,
-            # Output is read from the attach stream only: nothing piles up on the engine's disk.
-            "log_config": LogConfig(type="none"),
-            "detach": True,
-        }
-        name = f"airlockd-{spec.run_id}"
-        if _NAME_OK.match(name):
-            kwargs["name"] = name
-        return kwargs
-
     def _start_reader(
         self, container: Container, out: _Output, on_output: Callable[[bytes], None] | None
     ) -> threading.Thread:
@@ -466,6 +409,7 @@ def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
         "cpus": (hc.get("NanoCpus") or 0) / 1e9,
         "tmpfs": hc.get("Tmpfs"),
         "mounts": [{"target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))} for m in hc.get("Mounts") or []],
+        "ulimits": {u.get("Name"): [u.get("Soft"), u.get("Hard")] for u in hc.get("Ulimits") or []},
     }
 
 

@@ -26,8 +26,8 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import volumes
-from airlockd.sandbox.base import TAIL_BYTES, ContainerSpec, ExitInfo
+from airlockd.sandbox import cgroups, volumes
+from airlockd.sandbox.base import TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
 from airlockd.sandbox.dockerargs import RUN_LABEL, create_kwargs
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class DockerSandbox:
         kwargs = create_kwargs(spec)
         started = time.monotonic()
         container: Container | None = None
+        watch: cgroups.CgroupWatch | None = None
         out = _Output(spec.limits.output_bytes)
         try:
             if spec.workspace_overlay is not None:
@@ -125,6 +126,7 @@ class DockerSandbox:
             if (asked := self._asked(spec.run_id)) is not None:
                 return _exit(container, None, False, out, asked, started, effective, timed_out=False)
             reader = self._start_reader(container, out, on_output)
+            watch = self._watch(container)  # before the start: an agent may end within milliseconds
             with _engine(f"starting the container for run {spec.run_id}"):
                 container.start()
             with self._lock:  # a stop/kill that could not reach the container yet still wins
@@ -135,8 +137,10 @@ class DockerSandbox:
             elif missed == "stop":  # the same graceful stop it asked for, not a kill
                 with _engine(f"stopping run {spec.run_id}"), _gone_is_fine():
                     container.stop(timeout=max(0, math.ceil(grace)))
-            return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader)
+            return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader, watch)
         finally:
+            if watch is not None:
+                watch.finish()
             self._remove(spec.run_id, container)
             if spec.workspace_overlay is not None:  # unmounted with its container: drop it now
                 volumes.remove(self.client, spec.run_id)
@@ -173,14 +177,18 @@ class DockerSandbox:
             ran -= _since(state.get("FinishedAt", ""))
         started = time.monotonic() - ran
         out = _Output(limits.output_bytes, total=output_so_far)  # earlier output counts against the cap
+        watch: cgroups.CgroupWatch | None = None  # counted from now on (the kernel's figures are cumulative)
         try:
             if container.status == "running":
                 reader = self._start_reader(container, out, on_output)
+                watch = self._watch(container)
             else:
                 reader = threading.Thread(target=lambda: None)
                 reader.start()
-            return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader)
+            return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader, watch)
         finally:
+            if watch is not None:
+                watch.finish()
             self._remove(run_id, container)
             volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             with self._lock:
@@ -197,14 +205,16 @@ class DockerSandbox:
         out: _Output,
         effective: dict[str, Any],
         reader: threading.Thread,
+        watch: cgroups.CgroupWatch | None,
     ) -> ExitInfo:
         """Wait for a started container within its wall time (killing it past that), drain its
-        output, and read how it ended."""
+        output, and read how it ended (with the kernel's counters of its caps)."""
         timed_out = not self._wait(container, started + wall_time_s)
         if timed_out:
             self._kill_quietly(container)
             self._wait(container, time.monotonic() + 30)
         reader.join(timeout=10)
+        counters = watch.finish() if watch is not None else CapCounters(unavailable="it had ended before")
         with _engine(f"inspecting the container for run {run_id}"):
             container.reload()
         state = container.attrs.get("State", {})
@@ -217,7 +227,17 @@ class DockerSandbox:
             started,
             effective,
             timed_out=timed_out,
+            counters=counters,
         )
+
+    def _watch(self, container: Container) -> cgroups.CgroupWatch:
+        """Poll the container's cgroup counters (caps reached) while it runs."""
+        cid = str(container.id)
+
+        def engine_pid() -> int | None:
+            return int(self.client.api.inspect_container(cid)["State"]["Pid"]) or None
+
+        return cgroups.CgroupWatch(cid, engine_pid).start()
 
     def stop(self, run_id: str, grace_s: float) -> None:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
@@ -423,6 +443,7 @@ def _exit(
     effective: dict[str, Any],
     *,
     timed_out: bool,
+    counters: CapCounters | None = None,
 ) -> ExitInfo:
     return ExitInfo(
         container_id=container.id or "",
@@ -435,6 +456,7 @@ def _exit(
         output_bytes=out.total,
         output_tail=bytes(out.tail),
         effective=effective,
+        counters=counters or CapCounters(unavailable="the container never started"),
     )
 
 

@@ -159,6 +159,32 @@ def test_fork_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert containers_of(run_id) == []
 
 
+def test_fork_bomb_that_gives_up_at_once_is_a_pids_violation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Forks refused at the cap, then a clean exit within a second: no sample ever sees it, the
+    container ends with 0, and its cgroup is gone before the container is; the kernel's own count,
+    read while it ran, still makes it a `pids` violation that counts toward quarantine."""
+    ws = make_ws(tmp_path, "pids = 64\nwall_time_s = 60")
+    bomb = (
+        'python3 -c \'import subprocess\nps = []\ntry:\n    while True: ps.append(subprocess.Popen(["sleep", "5"]))'
+        '\nexcept OSError as e: print("fork refused after", len(ps), e)\''
+    )
+    code, run = run_wait(ws, bomb, capsys)
+    assert code == 4, run
+    assert run["container"]["exit_code"] == 0 and run["container"]["duration_s"] < 1.5, run["container"]
+    lim = run["limit"]
+    assert run["state"] == "limit_exceeded" and lim["limit"] == "pids", (run["state"], lim)
+    assert lim["allowed"] == 64 and lim["measured"] == 64, lim
+    assert "pids.events" in lim["source"] and "forks refused" in lim["source"], lim
+    assert "fork refused after" in (Service(ws).state.run_dir(run["id"]) / "output.log").read_text()
+    assert Service(ws).store.get_agent("bot").consecutive_violations == 1
+    _, events = cli(ws, "audit", "--run", run["id"], capsys=capsys)
+    hits = [e["data"] for e in events if e["kind"] == "limit.exceeded"]
+    assert len(hits) == 1 and hits[0]["limit"] == "pids" and "pids.events" in hits[0]["source"], hits
+    assert containers_of(run["id"]) == []
+
+
 def test_stop_a_process_that_ignores_sigterm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ws = make_ws(tmp_path, "grace_s = 2\nwall_time_s = 60")
     code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; sleep 60", capsys=capsys)

@@ -214,7 +214,8 @@ def cmd_undo(args: argparse.Namespace) -> Any:
 
 
 def cmd_stop(args: argparse.Namespace) -> Any:
-    return _service(args).stop(args.run, kill=args.command == "kill")
+    """Stop or kill a run; by default returns once it has ended, with its final state."""
+    return _service(args).stop(args.run, kill=args.command == "kill", wait=not args.no_wait)
 
 
 def cmd_agents(args: argparse.Namespace) -> Any:
@@ -413,8 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="a file or folder of the proposal (repeatable)",
         )
     add("undo", cmd_undo, "reverse what a run applied").add_argument("run")
-    add("stop", cmd_stop, "graceful stop: SIGTERM, grace period, then kill").add_argument("run")
-    add("kill", cmd_stop, "immediate kill").add_argument("run")
+    for name, what in (("stop", "graceful stop: SIGTERM, grace period, then kill"), ("kill", "immediate kill")):
+        sp = add(name, cmd_stop, f"{what}; returns when the run has ended, with its final state")
+        sp.add_argument("run")
+        sp.add_argument("--no-wait", action="store_true", help="return at once, with the state the run is in then")
     add("agents", cmd_agents, "agents with usage and quarantine")
     add("release", cmd_release, "lift an agent's quarantine").add_argument("agent")
     sp = add("audit", cmd_audit, "the audit timeline")

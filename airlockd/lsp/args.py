@@ -31,6 +31,10 @@ class RunArgs(_Args):
     runId: str = Field(min_length=1)
 
 
+class StopArgs(RunArgs):
+    wait: bool = True  # false: answer at once with the state the run is in then
+
+
 class DecideArgs(RunArgs):
     paths: list[str] | None = None
     hunks: dict[str, list[str]] | None = None

@@ -16,7 +16,7 @@ from lsprotocol import types
 from airlockd.errors import AirlockError, ConflictError
 from airlockd.evidence import evidence as run_evidence
 from airlockd.lsp import documents, runs, status
-from airlockd.lsp.args import AgentArgs, DecideArgs, DiffArgs, NoArgs, RunArgs, RunTaskArgs, parse, rpc_error
+from airlockd.lsp.args import AgentArgs, DecideArgs, DiffArgs, NoArgs, RunArgs, RunTaskArgs, StopArgs, parse, rpc_error
 from airlockd.lsp.server import AirlockServer
 from airlockd.pipeline.manifest import display
 from airlockd.records import FileState, RunRecord
@@ -159,8 +159,8 @@ async def run_task(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 
 
 async def _stop(ls: AirlockServer, arguments: tuple[Any, ...], kill: bool) -> dict[str, Any]:
-    a = parse(RunArgs, arguments)
-    rec = await ls.call(ls.service.stop, a.runId, kill=kill)
+    a = parse(StopArgs, arguments)  # waits for the run's end in a worker thread, never on the loop
+    rec = await ls.call(ls.service.stop, a.runId, kill=kill, wait=a.wait)
     return {"runId": rec.id, "state": rec.state.value}
 
 

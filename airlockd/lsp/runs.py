@@ -76,7 +76,8 @@ class RunProgress:
 
     def _cancelled(self) -> None:
         svc = self.ls.service
-        self.ls.spawn(self.ls.call(svc.stop, self.run_id), name=f"stop {self.run_id}")
+        # the run's end is announced by its status anyway: no worker thread waits for it
+        self.ls.spawn(self.ls.call(svc.stop, self.run_id, wait=False), name=f"stop {self.run_id}")
 
     def report(self, stage: str, message: str) -> None:  # on the loop
         if self.on:

@@ -115,15 +115,23 @@ class CgroupWatch:
                     os.close(fd)
 
     def _find(self) -> bool:
+        """Wait for the container's cgroup (made when the engine starts it). Past a few tries
+        at the usual paths the engine is asked for its pid; once it runs and its cgroup is still
+        not found, it is not visible from here: give up rather than poll for nothing."""
         tries = 0
         while not self._done.is_set():
-            dirs = locate(self.container_id)
-            if not dirs and tries == FIND_TRIES_BEFORE_ASKING and self._engine_pid is not None:
-                with contextlib.suppress(Exception):
-                    dirs = locate(self.container_id, self._engine_pid())
-            if "pids" in dirs:
+            if "pids" in (dirs := locate(self.container_id)):
                 return self._open(dirs)
             tries += 1
+            if tries % FIND_TRIES_BEFORE_ASKING == 0 and self._engine_pid is not None:
+                pid = None
+                with contextlib.suppress(Exception):
+                    pid = self._engine_pid()
+                if pid:  # started (0: not yet, or already over)
+                    if "pids" in (dirs := locate(self.container_id, pid)):
+                        return self._open(dirs)
+                    self._why = f"the cgroup of container pid {pid} is not visible under {ROOT}"
+                    return False
             self._done.wait(POLL_S)
         return False
 

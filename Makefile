@@ -36,11 +36,14 @@ image: setup engine
 demo: image
 	$(AIRLOCK) demo
 
+# The second mypy holds the unit tests' fake sandbox (and the contract suite run against it and
+# the engine) to the Sandbox Protocol.
 lint: setup
 	$(VENV)/bin/ruff check airlockd tests
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
 	$(PY) -m airlockd.protocol --check $(SCHEMA)
+	$(VENV)/bin/mypy tests/unit/fakesandbox.py tests/contract/test_sandbox_contract.py
 
 test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q

@@ -385,12 +385,14 @@ def cmd_undo(args: argparse.Namespace) -> Any:
 
 
 def cmd_stop(args: argparse.Namespace) -> Any:
+    """Stop or kill a run; by default returns once it has ended, with its final state."""
     kill = args.command == "kill"
     daemon = _daemon(args)
     if daemon is not None:
-        _ask(daemon, "airlock.killRun" if kill else "airlock.stopRun", {"runId": args.run})
+        verb = "airlock.killRun" if kill else "airlock.stopRun"
+        _ask(daemon, verb, {"runId": args.run, "wait": not args.no_wait})
         return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args).stop(args.run, kill=kill))
+    return _run_doc(_service(args).stop(args.run, kill=kill, wait=not args.no_wait))
 
 
 def cmd_agents(args: argparse.Namespace) -> Any:
@@ -606,8 +608,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="one hunk of a file, by the id `show --json` / the editor gives (repeatable)",
         )
     add("undo", cmd_undo, "reverse what a run applied").add_argument("run")
-    add("stop", cmd_stop, "graceful stop: SIGTERM, grace period, then kill").add_argument("run")
-    add("kill", cmd_stop, "immediate kill").add_argument("run")
+    for name, what in (("stop", "graceful stop: SIGTERM, grace period, then kill"), ("kill", "immediate kill")):
+        sp = add(name, cmd_stop, f"{what}; returns when the run has ended, with its final state")
+        sp.add_argument("run")
+        sp.add_argument("--no-wait", action="store_true", help="return at once, with the state the run is in then")
     add("agents", cmd_agents, "agents with usage and quarantine")
     add("release", cmd_release, "lift an agent's quarantine").add_argument("agent")
     sp = add("audit", cmd_audit, "the audit timeline")

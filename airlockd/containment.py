@@ -172,14 +172,24 @@ class RunMonitor:
                 if self.tokens_from == "gateway"
                 else "agent adapter's usage report",
             )
-        if info.oom_killed:
+        counted = info.counters  # the kernel's own figures, read from the cgroup while it ran
+        if info.oom_killed or counted.oom_kills:
             cap = lim.memory_mb * 2**20
             sampled = max(self.peak.get("mem_max_bytes", 0.0), self.peak.get("mem_bytes", 0.0))
+            flag = "engine State.OOMKilled" if info.oom_killed else f"{counted.source}: oom_kill {counted.oom_kills}"
             if sampled >= cap * 0.9:
-                measured, source = sampled, "engine State.OOMKilled; measured: cgroup peak usage sampled"
+                measured, source = sampled, f"{flag}; measured: cgroup peak usage sampled"
             else:  # killed between two samples: the kernel's OOM kill itself says usage hit the cap
-                measured, source = cap, "engine State.OOMKilled: usage reached the hard limit (no swap)"
+                measured, source = cap, f"{flag}: usage reached the hard limit (no swap)"
             return LimitHit(limit="memory", measured=measured, allowed=cap, source=source)
+        if counted.pids_refused or counted.pids_peak >= lim.pids:  # even when the agent gave up at once
+            why = f"max {counted.pids_refused}: forks refused at the cap" if counted.pids_refused else "peak at the cap"
+            return LimitHit(
+                limit="pids",
+                measured=max(counted.pids_peak, self.peak.get("pids", 0.0)) or lim.pids,
+                allowed=lim.pids,
+                source=f"{counted.source} ({why})",
+            )
         if self.peak.get("pids", 0) >= lim.pids:  # forks were refused at the cap: a fork bomb's mark
             return LimitHit(
                 limit="pids", measured=self.peak["pids"], allowed=lim.pids, source="cgroup pids.current sampled"

@@ -61,6 +61,13 @@ class StateError(AirlockError):
     kind = "state"
 
 
+class StillEnding(StateError):
+    """A stop or kill was delivered but the run had not ended within its grace and a margin."""
+
+    rpc_code = -32014
+    kind = "still_ending"
+
+
 class EngineError(AirlockError):
     """The container engine is missing, not running, or refused a request."""
 

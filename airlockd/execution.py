@@ -222,6 +222,11 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         user=spec.user,
         limits=spec.limits.model_dump(),
     )
+    asked = svc.store.get_run(rec.id).stop_kind  # a stop from another process while this one staged
+    if asked == "kill":
+        svc.sandbox.kill(rec.id)  # no container yet: the sandbox then never starts it
+    elif asked == "stop":
+        svc.sandbox.stop(rec.id, cfg.limits.grace_s)
     try:
         return watch(svc, rec, lambda on_output: svc.sandbox.run(spec, on_output))
     finally:

@@ -42,6 +42,7 @@ __all__ = [
     "AgentStatusEvent",
     "ApproveResult",
     "ChangeKind",
+    "DaemonHello",
     "DecideArgs",
     "Decision",
     "DeniedChange",
@@ -57,7 +58,9 @@ __all__ = [
     "ProgressEvent",
     "Proposal",
     "RunArgs",
+    "RunDone",
     "RunEvent",
+    "RunProgress",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -65,6 +68,7 @@ __all__ = [
     "RunSummary",
     "RunTaskArgs",
     "StatusEvent",
+    "StopArgs",
     "WorkspaceEdit",
 ]
 
@@ -167,6 +171,35 @@ class RunEvent(RootModel[Annotated[RunStatusEvent | AgentStatusEvent | ProgressE
     def of_service(cls, event: str, payload: dict[str, Any]) -> RunEvent:
         """A Service event (what `Service.subscribe` listeners get: event name, payload)."""
         return cls.model_validate({"type": event, "payload": payload})
+
+
+# -- the control socket (lsp/control.py): what the CLI hears of the daemon ------------------------
+
+
+class RunProgress(Wire):
+    """`airlock/progress`: a step of a run the daemon carries (the CLI's `run --wait` prints it)."""
+
+    runId: str
+    stage: RunState
+    message: str
+
+
+class RunDone(Wire):
+    """`airlock/runDone`: the process carrying a run has ended; `state` is the run's then (null
+    when it could not be read)."""
+
+    runId: str
+    state: RunState | None
+
+
+class DaemonHello(Wire):
+    """`airlock/hello`: who serves the workspace: an editor's daemon (`stdio`, `tcp`) or one the
+    CLI started (`background`)."""
+
+    pid: int
+    mode: Literal["stdio", "tcp", "background"]
+    workspace: str
+    version: str
 
 
 # -- the proposal --------------------------------------------------------------------------------
@@ -450,6 +483,10 @@ class RunArgs(Args):
     runId: str = Field(min_length=1)
 
 
+class StopArgs(RunArgs):
+    wait: bool = True  # false: answer at once with the state the run is in then
+
+
 class DecideArgs(RunArgs):
     """`airlock.approve` / `airlock.reject`: chosen paths and / or hunks; none: everything pending."""
 
@@ -484,10 +521,14 @@ class AirlockProtocol(BaseModel):
     evidenceDocument: EvidenceDocument
     runTaskArgs: RunTaskArgs
     runArgs: RunArgs
+    stopArgs: StopArgs
     decideArgs: DecideArgs
     diffArgs: DiffArgs
     agentArgs: AgentArgs
     noArgs: NoArgs
+    runProgress: RunProgress
+    runDone: RunDone
+    daemonHello: DaemonHello
 
 
 class _Schema(GenerateJsonSchema):

@@ -24,7 +24,7 @@ from typing import Any
 from airlockd import execution, recovery
 from airlockd.audit import AuditLog
 from airlockd.containment import RunMonitor
-from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
+from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError, StillEnding
 from airlockd.evidence import live_tree, schemes_differ
 from airlockd.gateway import runs as gateway_runs
 from airlockd.lifecycle import RunLifecycle
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, str], None]  # (stage, message)
 Listener = Callable[[str, dict[str, Any]], None]  # (event, payload): "runStatus", "agentStatus"
 LEARN_FRESH_S = 5.0
+STOP_POLL_S = 0.1  # how often a waiting stop reads the run's state
+STOP_REDELIVER_S = 3.0  # still running this long past the grace: the stop is delivered again
+STOP_MARGIN_S = 30.0  # past grace + this, a stop gives up waiting (the run may be staging a big tree)
 
 
 def _noop(stage: str, message: str) -> None:
@@ -438,7 +441,11 @@ class Service:
 
     # -- stop / kill --------------------------------------------------------------------------
 
-    def stop(self, run_id: str, *, kill: bool = False) -> RunRecord:
+    def stop(self, run_id: str, *, kill: bool = False, wait: bool = True) -> RunRecord:
+        """Ask a live run to stop (SIGTERM, the agent's grace, then SIGKILL) or be killed, and
+        return its record once it has ended (`wait`, the default), as `docker stop` does; with
+        `wait=False` at once, in whatever state it is then. The run may be carried by another
+        process: the end is watched in the store. Raises StillEnding past grace + a margin."""
         rec = self.store.get_run(run_id)
         if not rec.state.live:
             raise StateError(f"run {rec.id} is {rec.state.value}; only a live run can be stopped")
@@ -455,11 +462,45 @@ class Service:
             policy=rec.policy_revision,
             by=self.actor,
         )
-        if kill:
-            self.sandbox.kill(rec.id)
-        else:
-            self.sandbox.stop(rec.id, self.policy.agent(rec.agent).limits.grace_s)
-        return self.store.get_run(rec.id)
+        kind = "kill" if kill else "stop"
+        if rec.state is RunState.ADMITTED and rec.owner_pid is None:  # no process carries it yet: ends here
+            for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
+                (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+            state = RunState.KILLED if kill else RunState.STOPPED
+            return self.lifecycle.transition(rec, state, f"{kind} requested by {self.actor} before the run started")
+        grace = 0.0 if kill else self.policy.agent(rec.agent).limits.grace_s
+        deliver = (lambda: self.sandbox.kill(rec.id)) if kill else (lambda: self.sandbox.stop(rec.id, grace))
+        deliver()
+        if not wait:
+            return self.store.get_run(rec.id)
+        return self._await_end(rec.id, grace, deliver)
+
+    def _await_end(self, run_id: str, grace: float, deliver: Callable[[], None]) -> RunRecord:
+        """Poll the store until the run is no longer live; the request is delivered again when
+        the run is still running a grace later (its container may have started after the first
+        delivery looked for it)."""
+        started = time.monotonic()
+        deadline = started + grace + STOP_MARGIN_S
+        again = started + grace + STOP_REDELIVER_S
+        while True:
+            rec = self.store.get_run(run_id)
+            if not rec.state.live:
+                return rec
+            now = time.monotonic()
+            gone = rec.owner_pid is not None and not recovery.alive(rec.owner_pid, rec.owner_start)
+            if now >= deadline or gone:
+                why = "the process carrying it is gone" if gone else "it is still ending"
+                raise StillEnding(
+                    f"run {run_id} is still {rec.state.value} {now - started:.0f} s after the"
+                    f" {rec.stop_kind or 'stop'} request; {why}",
+                    hint=f"follow it with `airlockd show {run_id}` (the next run reconciles one whose process died)",
+                    run_id=run_id,
+                    state=rec.state.value,
+                )
+            if now >= again and rec.state is RunState.RUNNING:
+                deliver()
+                again = time.monotonic() + grace + STOP_REDELIVER_S
+            time.sleep(STOP_POLL_S)
 
     # -- agents -------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from airlockd.protocol import (
     RunResult,
     RunSummary,
     RunTaskArgs,
+    StopArgs,
 )
 from airlockd.records import FileState, RunRecord
 from airlockd.service import Service
@@ -138,8 +139,8 @@ async def run_task(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 
 
 async def _stop(ls: AirlockServer, arguments: tuple[Any, ...], kill: bool) -> dict[str, Any]:
-    a = parse(RunArgs, arguments)
-    rec = await ls.call(ls.service.stop, a.runId, kill=kill)
+    a = parse(StopArgs, arguments)  # waits for the run's end in a worker thread, never on the loop
+    rec = await ls.call(ls.service.stop, a.runId, kill=kill, wait=a.wait)
     return _result(rec)
 
 

@@ -28,7 +28,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airlockd.errors import AirlockError
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "control.sock"
+DaemonMode = Literal["stdio", "tcp", "background"]
 MAX_MESSAGE = 16 << 20  # a command's arguments are small; a bigger claim is refused before reading it
 MAX_HEADERS = 8192
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INTERNAL = -32700, -32600, -32601, -32603
@@ -109,7 +110,9 @@ class Connection:
 class ControlServer:
     """The control socket of one daemon; lives on its event loop."""
 
-    def __init__(self, ls: AirlockServer, path: Path, mode: str, on_handover: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, ls: AirlockServer, path: Path, mode: DaemonMode, on_handover: Callable[[], None] | None = None
+    ) -> None:
         self.ls, self.path, self.mode = ls, path, mode
         self.on_handover = on_handover
         self.connections: set[Connection] = set()

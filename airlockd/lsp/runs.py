@@ -18,7 +18,8 @@ from pygls.capabilities import get_capability
 from airlockd import execution, launcher
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
-from airlockd.protocol import ProgressEvent, RunEvent
+from airlockd.protocol import ProgressEvent, RunDone, RunEvent
+from airlockd.protocol import RunProgress as ProgressNote
 from airlockd.records import FileState, RunRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,12 @@ class RunProgress:
 
     def _cancelled(self) -> None:
         svc = self.ls.service
-        self.ls.spawn(self.ls.call(svc.stop, self.run_id), name=f"stop {self.run_id}")
+        # the run's end is announced by its status anyway: no worker thread waits for it
+        self.ls.spawn(self.ls.call(svc.stop, self.run_id, wait=False), name=f"stop {self.run_id}")
 
     def report(self, stage: str, message: str) -> None:  # on the loop
-        self.ls.tell_control(PROGRESS, {"runId": self.run_id, "stage": stage, "message": message})
+        note = ProgressNote(runId=self.run_id, stage=RunState(stage), message=message)
+        self.ls.tell_control(PROGRESS, note.wire())
         if self.on:
             self.ls.work_done_progress.report(
                 self.token,
@@ -104,8 +107,8 @@ async def execute(ls: AirlockServer, run_id: str) -> None:
     finally:
         state = None
         with contextlib.suppress(Exception):
-            state = (await ls.call(ls.service.store.get_run, run_id)).state.value
-        ls.tell_control(RUN_DONE, {"runId": run_id, "state": state})
+            state = (await ls.call(ls.service.store.get_run, run_id)).state
+        ls.tell_control(RUN_DONE, RunDone(runId=run_id, state=state).wire())
 
 
 async def carry(ls: AirlockServer, run_id: str) -> None:

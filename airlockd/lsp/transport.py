@@ -25,12 +25,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
 from airlockd.errors import AirlockError, UsageError
 from airlockd.state import StateDir
+
+if TYPE_CHECKING:
+    from airlockd.lsp.control import DaemonMode
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ _LENGTH = re.compile(rb"^Content-Length: (\d+)\r\n$", re.IGNORECASE)
 # -- one writer per workspace ---------------------------------------------------------------------
 
 
-def acquire_lock(state: StateDir, mode: str) -> FileLock:
+def acquire_lock(state: StateDir, mode: DaemonMode) -> FileLock:
     """Hold the workspace's serve lock for the life of the process, or refuse clearly. A daemon
     started in the background by the CLI hands the workspace over to an editor's daemon."""
     state.ensure()
@@ -103,7 +106,7 @@ def _hand_over(state: StateDir) -> bool:
         daemon.close()
 
 
-def write_info(state: StateDir, host: str | None, port: int | None, mode: str = "stdio") -> None:
+def write_info(state: StateDir, host: str | None, port: int | None, mode: DaemonMode = "stdio") -> None:
     path = state.root / "serve.json"
     tmp = path.with_suffix(".tmp")
     doc = {"pid": os.getpid(), "mode": mode, "host": host, "port": port, "workspace": str(state.workspace)}
@@ -318,7 +321,7 @@ def serve(
     sys.stdout = sys.stderr  # a stray print must never corrupt the protocol stream
     state = StateDir.for_workspace(workspace)
     hostport = parse_hostport(tcp) if tcp else None
-    mode = "background" if background else "tcp" if hostport else "stdio"
+    mode: DaemonMode = "background" if background else "tcp" if hostport else "stdio"
     ready = _Ready(ready_fd)
     try:
         lock = acquire_lock(state, mode)
@@ -350,7 +353,7 @@ def serve(
 IDLE_S = float(os.environ.get("AIRLOCK_DAEMON_IDLE_S", "900"))
 
 
-async def _open_control(server: Any, state: StateDir, mode: str, on_handover: Any = None) -> Any:
+async def _open_control(server: Any, state: StateDir, mode: DaemonMode, on_handover: Any = None) -> Any:
     from airlockd.lsp.control import ControlServer, socket_path
 
     server.loop = asyncio.get_running_loop()

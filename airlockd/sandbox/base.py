@@ -53,6 +53,19 @@ class ContainerSpec:
     workspace_overlay: OverlayVolume | None = None
 
 
+@dataclass(frozen=True)
+class CapCounters:
+    """What the kernel itself counted against a container's caps while it ran: forks refused at
+    the pids cap, the most tasks at once, OOM kills. `source` names the files they were read
+    from (empty when none could be read; `unavailable` then says why)."""
+
+    pids_refused: int = 0
+    pids_peak: int = 0
+    oom_kills: int = 0
+    source: str = ""
+    unavailable: str = ""
+
+
 @dataclass
 class ExitInfo:
     """How a run ended, what it printed (a bounded tail) and the settings it really ran with."""
@@ -67,16 +80,20 @@ class ExitInfo:
     output_bytes: int
     output_tail: bytes  # last <= TAIL_BYTES of stdout+stderr, unredacted: the caller redacts
     effective: dict[str, Any]  # network, read-only root, caps, security opts, user, limits, tmpfs
+    counters: CapCounters = field(default_factory=CapCounters)  # the kernel's, read while it ran
 
     @property
     def limit_hit(self) -> str | None:
-        """The limit that ended the run ("wall_time", "memory", "output"), if one did."""
+        """The limit that ended the run ("wall_time", "memory", "output"), if one did; else
+        "pids" when a fork was refused at the cap (the agent may have ended on its own after)."""
         if self.timed_out:
             return "wall_time"
         if self.output_limited:
             return "output"
-        if self.oom_killed:
+        if self.oom_killed or self.counters.oom_kills:
             return "memory"
+        if self.counters.pids_refused:
+            return "pids"
         return None
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,20 +22,17 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-from docker.types import LogConfig, Mount
 from docker.utils.socket import frames_iter
 
-from airlockd.errors import EngineError, UsageError
+from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import volumes
-from airlockd.sandbox.base import STDIN_PATH, TAIL_BYTES, WORKSPACE_PATH, ContainerSpec, ExitInfo
+from airlockd.sandbox import cgroups, volumes
+from airlockd.sandbox.base import TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
+from airlockd.sandbox.dockerargs import RUN_LABEL, create_kwargs
 
 log = logging.getLogger(__name__)
 
-RUN_LABEL = "airlockd.run"
-OWNER_LABEL = "airlockd"
 _ENGINE_FIX = "start the engine with scripts/ensure-docker.sh (or `make engine`) and check `docker info`"
-_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 _DockerFailure = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
@@ -114,9 +110,10 @@ class DockerSandbox:
         Blocking: call it from a worker thread. `on_output` gets stdout+stderr chunks in order
         (up to the output limit) on the reader thread; it must not block for long.
         """
-        kwargs = self._create_kwargs(spec)
+        kwargs = create_kwargs(spec)
         started = time.monotonic()
         container: Container | None = None
+        watch: cgroups.CgroupWatch | None = None
         out = _Output(spec.limits.output_bytes)
         try:
             if spec.workspace_overlay is not None:
@@ -129,6 +126,7 @@ class DockerSandbox:
             if (asked := self._asked(spec.run_id)) is not None:
                 return _exit(container, None, False, out, asked, started, effective, timed_out=False)
             reader = self._start_reader(container, out, on_output)
+            watch = self._watch(container)  # before the start: an agent may end within milliseconds
             with _engine(f"starting the container for run {spec.run_id}"):
                 container.start()
             with self._lock:  # a stop/kill that could not reach the container yet still wins
@@ -139,8 +137,10 @@ class DockerSandbox:
             elif missed == "stop":  # the same graceful stop it asked for, not a kill
                 with _engine(f"stopping run {spec.run_id}"), _gone_is_fine():
                     container.stop(timeout=max(0, math.ceil(grace)))
-            return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader)
+            return self._follow(container, spec.run_id, started, spec.limits.wall_time_s, out, effective, reader, watch)
         finally:
+            if watch is not None:
+                watch.finish()
             self._remove(spec.run_id, container)
             if spec.workspace_overlay is not None:  # unmounted with its container: drop it now
                 volumes.remove(self.client, spec.run_id)
@@ -177,14 +177,18 @@ class DockerSandbox:
             ran -= _since(state.get("FinishedAt", ""))
         started = time.monotonic() - ran
         out = _Output(limits.output_bytes, total=output_so_far)  # earlier output counts against the cap
+        watch: cgroups.CgroupWatch | None = None  # counted from now on (the kernel's figures are cumulative)
         try:
             if container.status == "running":
                 reader = self._start_reader(container, out, on_output)
+                watch = self._watch(container)
             else:
                 reader = threading.Thread(target=lambda: None)
                 reader.start()
-            return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader)
+            return self._follow(container, run_id, started, limits.wall_time_s, out, effective, reader, watch)
         finally:
+            if watch is not None:
+                watch.finish()
             self._remove(run_id, container)
             volumes.remove(self.client, run_id)  # its overlay volume, if it had one
             with self._lock:
@@ -201,14 +205,16 @@ class DockerSandbox:
         out: _Output,
         effective: dict[str, Any],
         reader: threading.Thread,
+        watch: cgroups.CgroupWatch | None,
     ) -> ExitInfo:
         """Wait for a started container within its wall time (killing it past that), drain its
-        output, and read how it ended."""
+        output, and read how it ended (with the kernel's counters of its caps)."""
         timed_out = not self._wait(container, started + wall_time_s)
         if timed_out:
             self._kill_quietly(container)
             self._wait(container, time.monotonic() + 30)
         reader.join(timeout=10)
+        counters = watch.finish() if watch is not None else CapCounters(unavailable="it had ended before")
         with _engine(f"inspecting the container for run {run_id}"):
             container.reload()
         state = container.attrs.get("State", {})
@@ -221,7 +227,17 @@ class DockerSandbox:
             started,
             effective,
             timed_out=timed_out,
+            counters=counters,
         )
+
+    def _watch(self, container: Container) -> cgroups.CgroupWatch:
+        """Poll the container's cgroup counters (caps reached) while it runs."""
+        cid = str(container.id)
+
+        def engine_pid() -> int | None:
+            return int(self.client.api.inspect_container(cid)["State"]["Pid"]) or None
+
+        return cgroups.CgroupWatch(cid, engine_pid).start()
 
     def stop(self, run_id: str, grace_s: float) -> None:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
@@ -274,59 +290,6 @@ class DockerSandbox:
         return _stats_sample(raw)
 
     # ---- pieces ------------------------------------------------------------------------------
-
-    def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
-        if spec.network != "none":
-            raise UsageError(
-                f"network {spec.network!r} is not supported by the Docker sandbox yet",
-                hint='use network = "none"; the model gateway arrives as a mounted socket',
-            )
-        if not spec.argv:
-            raise UsageError(f"run {spec.run_id}: empty command", hint="give the agent a command")
-        if not spec.workspace.is_absolute() or not spec.workspace.is_dir():
-            raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
-        mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
-        if spec.workspace_overlay is not None:
-            mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False)]
-        argv = list(spec.argv)
-        if spec.stdin_file is not None:
-            if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():
-                raise UsageError(f"run {spec.run_id}: stdin file {spec.stdin_file} is not a file")
-            mounts.append(Mount(STDIN_PATH, str(spec.stdin_file), type="bind", read_only=True))
-            argv = ["/bin/sh", "-c", f'exec "$@" < {STDIN_PATH}', "agent", *argv]
-        for host, target, read_only in spec.mounts:
-            if not host.is_absolute() or not target.startswith("/"):
-                raise UsageError(f"run {spec.run_id}: mount {host} -> {target} needs absolute paths")
-            mounts.append(Mount(target, str(host), type="bind", read_only=read_only))
-        lim = spec.limits
-        kwargs: dict[str, Any] = {
-            "image": spec.image,
-            "command": argv,
-            "user": spec.user,
-            "environment": dict(spec.env),
-            "working_dir": WORKSPACE_PATH,
-            "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id},
-            "network_mode": "none",
-            "read_only": True,
-            "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            "mounts": mounts,
-            "mem_limit": f"{lim.memory_mb}m",
-            "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap
-            "pids_limit": lim.pids,
-            "nano_cpus": int(lim.cpus * 1e9),
-            "init": True,  # docker-init as PID 1: reaps zombies, forwards SIGTERM
-            "stdin_open": False,
-            "tty": False,
-            # Output is read from the attach stream only: nothing piles up on the engine's disk.
-            "log_config": LogConfig(type="none"),
-            "detach": True,
-        }
-        name = f"airlockd-{spec.run_id}"
-        if _NAME_OK.match(name):
-            kwargs["name"] = name
-        return kwargs
 
     def _start_reader(
         self, container: Container, out: _Output, on_output: Callable[[bytes], None] | None
@@ -466,6 +429,7 @@ def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
         "cpus": (hc.get("NanoCpus") or 0) / 1e9,
         "tmpfs": hc.get("Tmpfs"),
         "mounts": [{"target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))} for m in hc.get("Mounts") or []],
+        "ulimits": {u.get("Name"): [u.get("Soft"), u.get("Hard")] for u in hc.get("Ulimits") or []},
     }
 
 
@@ -479,6 +443,7 @@ def _exit(
     effective: dict[str, Any],
     *,
     timed_out: bool,
+    counters: CapCounters | None = None,
 ) -> ExitInfo:
     return ExitInfo(
         container_id=container.id or "",
@@ -491,6 +456,7 @@ def _exit(
         output_bytes=out.total,
         output_tail=bytes(out.tail),
         effective=effective,
+        counters=counters or CapCounters(unavailable="the container never started"),
     )
 
 

@@ -159,27 +159,80 @@ def test_fork_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert containers_of(run_id) == []
 
 
-def test_stop_a_process_that_ignores_sigterm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ws = make_ws(tmp_path, "grace_s = 2\nwall_time_s = 60")
-    code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; sleep 60", capsys=capsys)
+def test_fork_bomb_that_gives_up_at_once_is_a_pids_violation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Forks refused at the cap, then a clean exit within a second: no sample ever sees it, the
+    container ends with 0, and its cgroup is gone before the container is; the kernel's own count,
+    read while it ran, still makes it a `pids` violation that counts toward quarantine."""
+    ws = make_ws(tmp_path, "pids = 64\nwall_time_s = 60")
+    bomb = (
+        'python3 -c \'import subprocess\nps = []\ntry:\n    while True: ps.append(subprocess.Popen(["sleep", "5"]))'
+        '\nexcept OSError as e: print("fork refused after", len(ps), e)\''
+    )
+    code, run = run_wait(ws, bomb, capsys)
+    assert code == 4, run
+    assert run["container"]["exit_code"] == 0 and run["container"]["duration_s"] < 1.5, run["container"]
+    lim = run["limit"]
+    assert run["state"] == "limit_exceeded" and lim["limit"] == "pids", (run["state"], lim)
+    assert lim["allowed"] == 64 and lim["measured"] == 64, lim
+    assert "pids.events" in lim["source"] and "forks refused" in lim["source"], lim
+    assert "fork refused after" in (Service(ws).state.run_dir(run["id"]) / "output.log").read_text()
+    assert Service(ws).store.get_agent("bot").consecutive_violations == 1
+    _, events = cli(ws, "audit", "--run", run["id"], capsys=capsys)
+    hits = [e["data"] for e in events if e["kind"] == "limit.exceeded"]
+    assert len(hits) == 1 and hits[0]["limit"] == "pids" and "pids.events" in hits[0]["source"], hits
+    assert containers_of(run["id"]) == []
+
+
+def _stubborn_run(ws: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """A run (carried by its own process) whose agent ignores SIGTERM, once its trap is set."""
+    code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; echo trapped; sleep 60", capsys=capsys)
     assert code == 0 and isinstance(run, dict)
-    run_id = run["id"]
+    run_id: str = run["id"]
     wait_state(ws, run_id, {"running"}, capsys)
     deadline = time.monotonic() + 30
     while not any(c.status == "running" for c in containers_of(run_id)):
         assert time.monotonic() < deadline, "the container never started"
         time.sleep(0.1)
     time.sleep(0.5)  # let bash install its trap
-    asked = time.time()
-    code, _ = cli(ws, "stop", run_id, capsys=capsys)  # this process is not the one running it
-    assert code == 0
-    final = wait_state(ws, run_id, {"stopped", "killed", "limit_exceeded", "failed"}, capsys, timeout=30)
-    assert final["state"] == "stopped", final
-    ended = final["timeline"][-1]["at"]
-    took = ended - asked
-    print(f"stop of a SIGTERM-ignoring agent: ended {took:.2f} s after the request (grace 2 s)")
-    assert 2 <= took < 10, took
-    assert final["stopped_by"] == "cli"
+    return run_id
+
+
+def test_stop_returns_when_the_run_has_ended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`airlockd stop` of an agent that ignores SIGTERM returns after the grace, once the run is
+    `stopped`, printing that final state (exit 4), as `docker stop` does."""
+    ws = make_ws(tmp_path, "grace_s = 2\nwall_time_s = 60")
+    run_id = _stubborn_run(ws, capsys)
+    asked = time.monotonic()
+    code, out = cli(ws, "stop", run_id, capsys=capsys)  # this process is not the one running it
+    took = time.monotonic() - asked
+    print(f"stop of a SIGTERM-ignoring agent returned after {took:.2f} s (grace 2 s)")
+    assert isinstance(out, dict) and out["state"] == "stopped", out
+    assert code == 4
+    assert 2 <= took < 20, took
+    assert out["stopped_by"] == "cli" and out["timeline"][-1]["state"] == "stopped"
+    assert show(ws, run_id, capsys)["state"] == "stopped"
+    assert containers_of(run_id) == []
+
+
+def test_kill_waits_for_the_end_and_no_wait_does_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = make_ws(tmp_path, "grace_s = 5\nwall_time_s = 60")
+    run_id = _stubborn_run(ws, capsys)
+    asked = time.monotonic()
+    code, out = cli(ws, "kill", run_id, "--no-wait", capsys=capsys)  # the old behaviour: the state right now
+    assert time.monotonic() - asked < 3
+    assert isinstance(out, dict) and out["state"] in {"running", "killed"}, out
+    assert code == (4 if out["state"] == "killed" else 0)
+    final = wait_state(ws, run_id, {"killed", "stopped", "failed", "limit_exceeded"}, capsys, timeout=30)
+    assert final["state"] == "killed", final
+
+    run_id = _stubborn_run(ws, capsys)
+    asked = time.monotonic()
+    code, out = cli(ws, "kill", run_id, capsys=capsys)
+    took = time.monotonic() - asked
+    assert isinstance(out, dict) and out["state"] == "killed" and code == 4, out
+    assert took < 4.5, took  # no grace for a kill
     assert containers_of(run_id) == []
 
 

@@ -187,9 +187,8 @@ def test_background_run_then_stop_or_kill_from_another_process(
     code, run = cli(ws, "run", "--agent", "bot", "trap '' TERM; echo started > started.txt; sleep 60", capsys=capsys)
     assert code == 0 and isinstance(run, dict) and run["state"] == "admitted"
     _wait_state(ws, run["id"], {"running"}, capsys)
-    code, _ = cli(ws, verb, run["id"], capsys=capsys)
-    assert code == 0
-    final = _wait_state(ws, run["id"], {state}, capsys, timeout=30)
+    code, final = cli(ws, verb, run["id"], capsys=capsys)  # returns once the run has ended
+    assert isinstance(final, dict) and final["state"] == state and code == 4, final
     assert final["stopped_by"] == "cli"
     import docker
 

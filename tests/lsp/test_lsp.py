@@ -6,6 +6,9 @@ stopped and killed; the policy is reloaded and a proposal expires."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +269,33 @@ async def test_kill_stop_and_cancel(client: LanguageClient) -> None:
     await _wait_running(client, c["runId"])
     client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=f"airlock-run-{c['runId']}"))
     await wait_until(lambda: "stopped" in states_of(client, c["runId"]), what="stopped by cancel")
+
+
+async def test_stop_and_kill_answer_with_the_final_state(client: LanguageClient) -> None:
+    """stopRun / killRun answer once the run has ended (an agent that ignores SIGTERM is stopped
+    after the grace); the loop keeps serving meanwhile; `wait: false` answers at once."""
+    stubborn = "trap '' TERM; echo trapped; sleep 30"
+    a = await command(client, "airlock.runTask", {"agent": "bot", "prompt": stubborn})
+    await _wait_running(client, a["runId"])
+    await asyncio.sleep(1)  # the container started and bash set its trap
+    t0 = time.monotonic()
+    stopping = asyncio.ensure_future(command(client, "airlock.stopRun", {"runId": a["runId"]}))
+    runs = await command(client, "airlock.listRuns", {})  # answered while the stop waits in a thread
+    assert a["runId"] in json.dumps(runs) and not stopping.done()
+    assert await stopping == {"runId": a["runId"], "state": "stopped"}
+    assert time.monotonic() - t0 >= 1  # the grace (1 s) passed: SIGTERM was ignored
+
+    b = await command(client, "airlock.runTask", {"agent": "bot", "prompt": stubborn})
+    await _wait_running(client, b["runId"])
+    now = await command(client, "airlock.killRun", {"runId": b["runId"], "wait": False})
+    assert now["runId"] == b["runId"] and now["state"] in {"running", "killed"}
+    await wait_until(lambda: "killed" in states_of(client, b["runId"]), what="killed")
+
+    c = await command(client, "airlock.runTask", {"agent": "bot", "prompt": stubborn})
+    await _wait_running(client, c["runId"])
+    assert await command(client, "airlock.killRun", {"runId": c["runId"]}) == {"runId": c["runId"], "state": "killed"}
+    err = await rpc_error(client, "airlock.stopRun", {"runId": c["runId"], "wait": "soon"})
+    assert "`wait`" in str(err)
 
 
 async def test_run_status_samples_while_running(client: LanguageClient) -> None:

@@ -46,10 +46,14 @@ export interface AirlockProtocol {
   evidenceDocument: EvidenceDocument;
   runTaskArgs: RunTaskArgs;
   runArgs: RunArgs;
+  stopArgs: StopArgs;
   decideArgs: DecideArgs;
   diffArgs: DiffArgs;
   agentArgs: AgentArgs;
   noArgs: NoArgs;
+  runProgress: RunProgress;
+  runDone: RunDone;
+  daemonHello: DaemonHello;
 }
 export interface RunStatusEvent {
   type: "runStatus";
@@ -422,6 +426,10 @@ export interface RunTaskArgs {
 export interface RunArgs {
   runId: string;
 }
+export interface StopArgs {
+  runId: string;
+  wait?: boolean;
+}
 /**
  * `airlock.approve` / `airlock.reject`: chosen paths and / or hunks; none: everything pending.
  */
@@ -440,3 +448,29 @@ export interface AgentArgs {
   agent: string;
 }
 export interface NoArgs {}
+/**
+ * `airlock/progress`: a step of a run the daemon carries (the CLI's `run --wait` prints it).
+ */
+export interface RunProgress {
+  runId: string;
+  stage: RunState;
+  message: string;
+}
+/**
+ * `airlock/runDone`: the process carrying a run has ended; `state` is the run's then (null
+ * when it could not be read).
+ */
+export interface RunDone {
+  runId: string;
+  state: RunState | null;
+}
+/**
+ * `airlock/hello`: who serves the workspace: an editor's daemon (`stdio`, `tcp`) or one the
+ * CLI started (`background`).
+ */
+export interface DaemonHello {
+  pid: number;
+  mode: "stdio" | "tcp" | "background";
+  workspace: string;
+  version: string;
+}

@@ -125,7 +125,7 @@ def stager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _sta
     if name is None:
         return None
     if name == "overlay":
-        from airlockd.pipeline import overlay
+        from airlockd.staging import overlay
 
         if why := overlay.unavailable(_state_dir):
             pytest.skip(f"overlay staging unavailable: {why}")

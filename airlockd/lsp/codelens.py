@@ -12,7 +12,7 @@ from airlockd.lsp.documents import relative
 from airlockd.lsp.proposal import shifted
 from airlockd.lsp.server import AirlockServer
 from airlockd.records import FileState, RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
 

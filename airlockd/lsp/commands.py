@@ -14,7 +14,7 @@ from typing import Any
 from lsprotocol import types
 
 from airlockd.errors import AirlockError, ConflictError
-from airlockd.evidence import evidence as run_evidence
+from airlockd.evidence.document import evidence as run_evidence
 from airlockd.lsp import documents, runs, status
 from airlockd.lsp.args import parse, rpc_error
 from airlockd.lsp.server import AirlockServer
@@ -39,7 +39,7 @@ from airlockd.protocol import (
     StopArgs,
 )
 from airlockd.records import FileState, RunRecord
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def run_summary(rec: RunRecord) -> dict[str, Any]:
 
 
 def evidence(svc: Service, run_id: str) -> dict[str, Any]:
-    """`airlock.getEvidence`: the run's evidence document (airlockd.evidence, the same one
+    """`airlock.getEvidence`: the run's evidence document (airlockd.evidence.document, the same one
     `airlockd show RUN --json` gives), plus the shapes the editors read (runId, the policy text,
     per-file rules, resources with peaks, transitions, applied transactions)."""
     full = EvidenceDocument.model_validate(run_evidence(svc, run_id))  # already redacted

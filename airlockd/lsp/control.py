@@ -198,7 +198,7 @@ class ControlServer:
     async def _dispatch(self, conn: Connection, method: str, params: Any) -> Any:
         from airlockd import __version__
         from airlockd.lsp import commands
-        from airlockd.service import acting_as
+        from airlockd.runs.service import acting_as
 
         if not isinstance(params, dict):
             raise _RpcError(INVALID_REQUEST, "params must be a JSON object")

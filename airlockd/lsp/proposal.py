@@ -20,7 +20,7 @@ from airlockd.pipeline.hunks import Hunk, is_binary
 from airlockd.pipeline.manifest import ChangeKind, Kind
 from airlockd.policy import Decision
 from airlockd.records import FileReview, FileState, RunRecord
-from airlockd.review import Review
+from airlockd.runs.review import Review
 
 try:  # the editor's line splitting, the same the hunks are computed with
     from airlockd.pipeline.hunks import lines

@@ -15,12 +15,12 @@ from lsprotocol import types
 from pydantic import ValidationError
 from pygls.capabilities import get_capability
 
-from airlockd import execution, launcher
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.protocol import ProgressEvent, RunDone, RunEvent
 from airlockd.protocol import RunProgress as ProgressNote
 from airlockd.records import FileState, RunRecord, RunState
+from airlockd.runs import execution, launcher
 
 log = logging.getLogger(__name__)
 

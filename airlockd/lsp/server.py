@@ -17,7 +17,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from airlockd import __version__
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 if TYPE_CHECKING:
     from airlockd.lsp.control import ControlServer

@@ -89,7 +89,7 @@ def _info(state: StateDir) -> dict[str, Any]:
 
 def _hand_over(state: StateDir) -> bool:
     """Ask the workspace's background daemon to leave; whether it agreed."""
-    from airlockd.client import Daemon, DaemonGone, RemoteError
+    from airlockd.cli.client import Daemon, DaemonGone, RemoteError
 
     daemon = Daemon.connect(state.root)
     if daemon is None:
@@ -314,7 +314,7 @@ def serve(
     also listens on the control socket, where the CLI reaches it. In stdio mode nothing but the
     protocol is ever written to stdout."""
     from airlockd.lsp.server import create_server
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
     logging.getLogger("pygls.protocol.json_rpc").addFilter(_AnsweredErrors())
     stdout = sys.stdout.buffer

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from airlockd.lsp.server import AirlockServer
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +16,7 @@ def keep_mirrors(service: Service) -> bool:
     """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
     first run stages in proportion to what changed since, not to the size of the tree. Whether
     the keeper is watching."""
-    from airlockd.pipeline.keeper import walk_elsewhere
+    from airlockd.staging.keeper import walk_elsewhere
 
     if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
         return False
@@ -26,8 +26,8 @@ def keep_mirrors(service: Service) -> bool:
 
 def refresh_mirrors(service: Service, walk: bool = False) -> None:
     """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
-    from airlockd.execution import mirror_owner
-    from airlockd.pipeline import stagers
+    from airlockd.runs.execution import mirror_owner
+    from airlockd.staging import stagers
 
     if service.keeper is None or stagers.choose(service.state.root)[0] != stagers.OVERLAY:
         return
@@ -39,7 +39,7 @@ async def prime(ls: AirlockServer) -> None:
     """Start the keeper (off the loop), let the live-edit watch follow its watcher, and keep the
     mirrors' periodic walks off the runs' path: they are made here, between runs."""
     from airlockd.lsp import watching
-    from airlockd.pipeline.keeper import WALK_EVERY_S
+    from airlockd.staging.keeper import WALK_EVERY_S
 
     if not await ls.call(keep_mirrors, ls.service):
         return
@@ -53,7 +53,7 @@ async def prime(ls: AirlockServer) -> None:
 
 
 async def start_launcher(ls: AirlockServer) -> None:
-    from airlockd.launcher import Launcher
+    from airlockd.runs.launcher import Launcher
 
     launcher = Launcher()
     try:

@@ -32,7 +32,7 @@ from airlockd.pipeline.manifest import display
 from airlockd.policy import POLICY_FILE
 from airlockd.protocol import RunStatus
 from airlockd.records import RunRecord, RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from airlockd.audit import AuditLog
+from airlockd.evidence.audit import AuditLog
 from airlockd.redact import Redactor
 
 N = 2000

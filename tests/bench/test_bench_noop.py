@@ -15,7 +15,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 pytestmark = pytest.mark.docker
 

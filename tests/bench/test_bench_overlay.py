@@ -35,15 +35,15 @@ import pytest
 from test_bench_stage import _change_ten_files
 from treegen import Tree, big_tree
 
-from airlockd.execution import AGENT_UID
-from airlockd.pipeline import overlay, stagers
-from airlockd.pipeline.keeper import MirrorKeeper
-from airlockd.pipeline.mirror import Mirror, MirrorView, mirror_for
-from airlockd.pipeline.staging import inspect, stage
 from airlockd.policy import Level, load_policy
+from airlockd.runs.execution import AGENT_UID
+from airlockd.runs.service import Service
 from airlockd.sandbox import capfs, volumes
 from airlockd.sandbox.base import OverlayVolume
-from airlockd.service import Service
+from airlockd.staging import overlay, stagers
+from airlockd.staging.copy import inspect, stage
+from airlockd.staging.keeper import MirrorKeeper
+from airlockd.staging.mirror import Mirror, MirrorView, mirror_for
 
 ROUNDS = 3
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

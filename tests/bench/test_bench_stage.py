@@ -25,8 +25,8 @@ import pytest
 from treegen import Tree, big_tree
 
 from airlockd.pipeline.manifest import ChangeKind
-from airlockd.pipeline.staging import StageResult, inspect, stage
 from airlockd.policy import Level, load_policy
+from airlockd.staging.copy import StageResult, inspect, stage
 
 ROUNDS = 3
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from scripted_model import Reply, ScriptedModel, exec_call, message, usage
 
 from airlockd.records import RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -18,8 +18,8 @@ import pytest
 
 from airlockd.cli import main
 from airlockd.errors import AdmissionRejected
+from airlockd.runs.service import Service
 from airlockd.sandbox.docker import DockerSandbox
-from airlockd.service import Service
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airlockd.client import Daemon
+from airlockd.cli.client import Daemon
 from airlockd.state import StateDir
 
 pytestmark = pytest.mark.docker

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.pipeline.stagers import proposed_path
 from airlockd.records import RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
+from airlockd.staging.stagers import proposed_path
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
@@ -37,8 +37,8 @@ def ws(tmp_path: Path) -> Path:
 def test_the_daemons_keeper_never_changes_a_mounted_generation(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the daemon's keeper (inotify), a live edit during a run reaches the next refresh
     (a clone of the generation the run has mounted), never the running agent's view."""
-    from airlockd.execution import mirror_owner
-    from airlockd.pipeline import overlay
+    from airlockd.runs.execution import mirror_owner
+    from airlockd.staging import overlay
 
     if why := overlay.unavailable(ws.parent):
         pytest.skip(f"overlay staging unavailable: {why}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.pipeline.stagers import proposed_path
-from airlockd.service import Service
+from airlockd.runs.service import Service
+from airlockd.staging.stagers import proposed_path
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 

@@ -260,8 +260,8 @@ def test_a_container_created_but_never_started_is_not_taken_for_a_run(
     import docker
 
     from airlockd.records import RunState
+    from airlockd.runs.service import Service
     from airlockd.sandbox.image import image_tag
-    from airlockd.service import Service
 
     svc = Service(ws)
     rec = svc.submit("bot", "echo never")
@@ -284,8 +284,8 @@ def test_a_container_created_but_never_started_is_not_taken_for_a_run(
 def test_sweep_reaps_orphans(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import docker
 
+    from airlockd.runs.service import Service
     from airlockd.sandbox.image import image_tag
-    from airlockd.service import Service
 
     svc = Service(ws)
     client = docker.from_env()

@@ -14,9 +14,9 @@ import pytest
 
 from airlockd.cli import main
 from airlockd.errors import EXIT_CONFLICT
-from airlockd.pipeline.stagers import proposed_path
 from airlockd.records import RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
+from airlockd.staging.stagers import proposed_path
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from airlockd.pipeline import overlay
 from airlockd.policy import Limits
 from airlockd.sandbox.base import TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo, Sandbox
+from airlockd.staging import overlay
 
 EFFECTIVE = {
     "image": "fake",

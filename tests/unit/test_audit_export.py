@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from airlockd import signing
-from airlockd.audit import AuditLog
 from airlockd.cli import main
+from airlockd.evidence import signing
+from airlockd.evidence.audit import AuditLog
 from airlockd.redact import Redactor
 
 N = 6
@@ -51,7 +51,7 @@ def test_editing_any_field_of_any_event_is_named(log: AuditLog, i: int, field: s
 
 @pytest.mark.parametrize("i", range(N))
 def test_an_edit_that_recomputes_its_own_hash_is_caught_by_the_next_event_or_the_head(log: AuditLog, i: int) -> None:
-    from airlockd.audit import _digest
+    from airlockd.evidence.audit import _digest
 
     lines = _lines(log)
     ev = json.loads(lines[i])
@@ -95,7 +95,7 @@ def test_swapping_any_two_neighbours_is_named(log: AuditLog, i: int) -> None:
 
 
 def test_a_well_formed_event_appended_afterwards_is_caught_by_the_head(log: AuditLog) -> None:
-    from airlockd.audit import _digest
+    from airlockd.evidence.audit import _digest
 
     lines = _lines(log)
     last = json.loads(lines[-1])
@@ -126,7 +126,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str,
 
 
 def _svc_log(ws: Path) -> AuditLog:
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
     svc = Service(ws)
     svc.release("bot")

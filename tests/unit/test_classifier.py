@@ -15,10 +15,10 @@ from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airlockd.classifier import Classifier, ModelClient
 from airlockd.policy import ClassifierConfig, Decision, Level
 from airlockd.records import RunState
-from airlockd.service import Service
+from airlockd.runs.classifier import Classifier, ModelClient
+from airlockd.runs.service import Service
 
 Script = Callable[[dict[str, Any]], tuple[float, int, str]]  # request body -> (delay, status, body)
 
@@ -199,7 +199,7 @@ def test_service_raises_labels_and_decisions_but_never_lowers(tmp_path: Path, se
     assert raised == {("label", "customers.txt", "secret"), ("decision", "src/b.py", "deny")}
     kinds = [e["kind"] for e in svc.audit.events(run=rec.id)]
     assert kinds.count("classifier.raised") == 2
-    from airlockd.evidence import evidence
+    from airlockd.evidence.document import evidence
 
     ev = evidence(svc, rec.id)
     assert any(c["reason"] == "opens a reverse shell" for c in ev["classifier"])

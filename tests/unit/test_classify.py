@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from airlockd.pipeline.classify import Classified, classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
-from airlockd.pipeline.staging import inspect, stage
 from airlockd.policy import Decision, Level, Policy, load_policy
+from airlockd.staging.copy import inspect, stage
 
 PERMISSIVE = """
 [defaults]

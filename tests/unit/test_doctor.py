@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd import doctor
+from airlockd.cli import doctor
 
 
 def test_file_events_are_reported_with_the_directories_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,7 +24,7 @@ def test_file_events_are_reported_with_the_directories_watched(tmp_path: Path, m
 def test_an_exhausted_watch_limit_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from airlockd.pipeline import watcher
+    from airlockd.staging import watcher
 
     def full(fd: int, path: bytes, mask: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -11,9 +11,9 @@ import pytest
 from fakesandbox import FakeSandbox, _unmount_staging, kinds, workspace  # noqa: F401
 
 from airlockd.cli import main
-from airlockd.evidence import evidence, live_tree
+from airlockd.evidence.document import evidence, live_tree
 from airlockd.records import RunRecord, RunState
-from airlockd.service import Service
+from airlockd.runs.service import Service
 
 
 def _agent(ws: Path) -> bytes:
@@ -92,7 +92,7 @@ def test_withheld_files_do_not_count_in_the_live_digest(tmp_path: Path) -> None:
 
 def test_live_digest_is_the_merkle_digest_of_the_scan(tmp_path: Path) -> None:
     from airlockd.pipeline.manifest import scan
-    from airlockd.pipeline.treedigest import SCHEME, TreeDigest
+    from airlockd.staging.treedigest import SCHEME, TreeDigest
 
     ws = workspace(tmp_path)
     tree = live_tree(ws, [".env"])

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.evidence import live_tree
-from airlockd.pipeline.keeper import MirrorKeeper
+from airlockd.evidence.document import live_tree
 from airlockd.pipeline.manifest import scan
-from airlockd.pipeline.mirror import Mirror, mirror_for
-from airlockd.pipeline.stagers import live_tree_of
 from airlockd.policy import Level, load_policy
 from airlockd.redact import Redactor
+from airlockd.staging.keeper import MirrorKeeper
+from airlockd.staging.mirror import Mirror, mirror_for
+from airlockd.staging.stagers import live_tree_of
 
 SECRET = "AKIA" + "Q" * 16  # an AWS access key id shape: the default detectors withhold it
 
@@ -232,7 +232,7 @@ def test_walks_in_another_process_are_loaded_as_they_were_left(
 ) -> None:
     """The daemon's keeper walks in `airlockd _mirror` and loads the dump it left; what it then
     knows (and refreshes incrementally from) equals a walk made here."""
-    from airlockd.pipeline.keeper import walk_elsewhere
+    from airlockd.staging.keeper import walk_elsewhere
     from airlockd.state import StateDir
 
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "states"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.launcher import Launcher
+from airlockd.runs.launcher import Launcher
 
 
 @pytest.fixture

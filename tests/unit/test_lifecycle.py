@@ -14,12 +14,12 @@ from fakesandbox import FakeSandbox, _unmount_staging, kinds, workspace  # noqa:
 
 from airlockd.cli import main
 from airlockd.errors import ConflictError, StateError
-from airlockd.lifecycle import RunLifecycle
 from airlockd.pipeline.commit import FileOp, commit
 from airlockd.pipeline.hunks import apply_hunks
 from airlockd.pipeline.manifest import Entry, Kind, entry_for
 from airlockd.records import FileState, RunRecord, RunState
-from airlockd.service import Service
+from airlockd.runs.lifecycle import RunLifecycle
+from airlockd.runs.service import Service
 
 BIG = "".join(f"line {i}\n" for i in range(1, 41))
 PROPOSED = BIG.replace("line 3\n", "line three\n").replace("line 30\n", "line thirty\n")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.pipeline import overlay, stagers
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, diff, save_manifest, scan
-from airlockd.pipeline.stagers import LowerBase, ManifestBase
-from airlockd.pipeline.staging import StagingError
 from airlockd.policy import Decision, load_policy
+from airlockd.staging import overlay, stagers
+from airlockd.staging.copy import StagingError
+from airlockd.staging.stagers import LowerBase, ManifestBase
 
 
 def write(root: Path, rel: str, data: str = "x\n", mode: int | None = None) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.pipeline import overlay
 from airlockd.pipeline.manifest import ChangeKind, scan
-from airlockd.pipeline.mirror import Mirror
 from airlockd.policy import Level, Policy, load_policy
+from airlockd.staging import overlay
+from airlockd.staging.mirror import Mirror
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the mirror gives its files to the agent's uid")
 
@@ -183,8 +183,8 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
     file over directory: the upper layer's change set equals diff(base, merged view)."""
     if why := overlay.unavailable(tmp_path):
         pytest.skip(why)
-    from airlockd.pipeline import stagers
     from airlockd.pipeline.manifest import diff
+    from airlockd.staging import stagers
 
     merged = tmp_path / "merged"
     res = stagers.stage_merged(ws, merged, policy, Level.INTERNAL, owner=OWNER)
@@ -211,8 +211,8 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
 
 
 def test_live_tree_from_the_refresh_equals_a_full_scan(tmp_path: Path, ws: Path, policy: Policy) -> None:
-    from airlockd.evidence import live_tree
-    from airlockd.pipeline.stagers import live_tree_of
+    from airlockd.evidence.document import live_tree
+    from airlockd.staging.stagers import live_tree_of
 
     os.mkfifo(ws / "src/pipe")
     (ws / "src/link").symlink_to("d1/f1.py")

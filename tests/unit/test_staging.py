@@ -13,12 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airlockd.pipeline import stagers, staging
 from airlockd.pipeline.manifest import ChangeKind, Kind, scan
-from airlockd.pipeline.secretscan import SecretScanner
-from airlockd.pipeline.staging import StagingError, inspect, link_escapes, scan_tree, stage
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import DETECTORS, Redactor
+from airlockd.staging import copy as staging
+from airlockd.staging import stagers
+from airlockd.staging.copy import StagingError, inspect, link_escapes, scan_tree, stage
+from airlockd.staging.secretscan import SecretScanner
 
 # Assembled at run time so this file never carries a whole secret for scanners to flag.
 PRIVATE_KEY = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"

@@ -14,11 +14,11 @@ import pytest
 from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
 from pygls.exceptions import JsonRpcInvalidParams
 
-from airlockd import service as service_module
 from airlockd.errors import StillEnding
 from airlockd.lsp.args import StopArgs, parse
 from airlockd.records import RunRecord, RunState
-from airlockd.service import Service
+from airlockd.runs import service as service_module
+from airlockd.runs.service import Service
 
 
 def carried(tmp_path: Path, grace: float = 2) -> tuple[Service, FakeSandbox, RunRecord, threading.Thread]:

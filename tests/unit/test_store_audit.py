@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.audit import AuditLog
 from airlockd.errors import NotFoundError, UsageError
+from airlockd.evidence.audit import AuditLog
 from airlockd.records import RunRecord, RunState
 from airlockd.redact import MASK, Redactor
 from airlockd.state import StateDir

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airlockd.pipeline import treedigest
 from airlockd.pipeline.manifest import Entry, Kind
-from airlockd.pipeline.treedigest import SCHEME, TreeDigest
+from airlockd.staging import treedigest
+from airlockd.staging.treedigest import SCHEME, TreeDigest
 
 
 def file(content: bytes = b"x", mode: int = 0o644) -> Entry:

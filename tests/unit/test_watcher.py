@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.pipeline import watcher
-from airlockd.pipeline.watcher import (
+from airlockd.staging import watcher
+from airlockd.staging.watcher import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_ISDIR,

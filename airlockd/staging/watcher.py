@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from airlockd.pipeline.inotify import (
+from airlockd.staging.inotify import (
     _EXHAUSTED,
     _EXTRA,
     _GONE,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.pipeline.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
-from airlockd.pipeline.staging import _O_DIR, StageResult, StagingError, Withheld, _is_text, _open_dir, link_escapes
-from airlockd.pipeline.treedigest import TreeDigest
-from airlockd.pipeline.watcher import Changes
+from airlockd.staging.copy import _O_DIR, StageResult, StagingError, Withheld, _is_text, _open_dir, link_escapes
+from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
+from airlockd.staging.treedigest import TreeDigest
+from airlockd.staging.watcher import Changes
 
 ESCAPE = "symlink-escape"
 

@@ -7,19 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airlockd.pipeline import stagers
 from airlockd.policy import Decision
 from airlockd.records import FileReview, FileState, RunRecord
+from airlockd.staging import stagers
 
 if TYPE_CHECKING:
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
 
 def _classifier(svc: Service) -> Any:
     cfg = svc.policy.classifier
     if not cfg.enabled:
         return None
-    from airlockd.classifier import Classifier
+    from airlockd.runs.classifier import Classifier
 
     return Classifier(cfg)
 
@@ -39,8 +39,8 @@ def classify_labels(
     if clf is None or not clf.cfg.labels:
         return
     from airlockd.pipeline.manifest import Kind
-    from airlockd.pipeline.staging import Withheld
     from airlockd.policy import Level
+    from airlockd.staging.copy import Withheld
 
     clearance = svc.policy.clearance_for(rec.agent)
     asked = 0

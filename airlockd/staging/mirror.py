@@ -38,7 +38,10 @@ from pathlib import Path
 
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.pipeline.manifest import Entry, Kind
-from airlockd.pipeline.mirrorstager import (
+from airlockd.policy import Level, Policy
+from airlockd.redact import Redactor
+from airlockd.staging.copy import StageResult, StagingError, Withheld
+from airlockd.staging.mirrorstager import (
     _O_DIR,
     _TMP,
     FORMAT,
@@ -48,11 +51,8 @@ from airlockd.pipeline.mirrorstager import (
     _unlink_quietly,
     refresh_failed,
 )
-from airlockd.pipeline.mirrorstager import dump as dump_cache
-from airlockd.pipeline.mirrorstager import load as load_cache_bytes
-from airlockd.pipeline.staging import StageResult, StagingError, Withheld
-from airlockd.policy import Level, Policy
-from airlockd.redact import Redactor
+from airlockd.staging.mirrorstager import dump as dump_cache
+from airlockd.staging.mirrorstager import load as load_cache_bytes
 
 __all__ = ["Cached", "Mirror", "MirrorView", "RefreshStats", "mirror_for", "policy_digest"]
 

@@ -16,16 +16,16 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airlockd.audit import AuditLog
 from airlockd.errors import ConflictError, StateError, UsageError
-from airlockd.lifecycle import RunLifecycle, under
+from airlockd.evidence.audit import AuditLog
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
-from airlockd.pipeline.stagers import proposed_path
 from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
+from airlockd.runs.lifecycle import RunLifecycle, under
+from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
 from airlockd.store import Store
 

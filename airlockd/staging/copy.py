@@ -24,11 +24,11 @@ from pathlib import Path
 import pathspec
 
 from airlockd.errors import AirlockError
-from airlockd.pipeline.fdtree import _O_DIR, _O_DST, _O_SRC, CHUNK, _entry, _open_dir, _read_all, _walk, _write_all
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, kind_of
-from airlockd.pipeline.secretscan import SecretScanner
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.fdtree import _O_DIR, _O_DST, _O_SRC, CHUNK, _entry, _open_dir, _read_all, _walk, _write_all
+from airlockd.staging.secretscan import SecretScanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airlockd.pipeline.manifest import scan
-from airlockd.pipeline.treedigest import SCHEME, TreeDigest
 from airlockd.protocol import EvidenceDocument
 from airlockd.records import RunRecord, RunState
+from airlockd.staging.treedigest import SCHEME, TreeDigest
 
 if TYPE_CHECKING:
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
 TOKENS_UNMETERED = "not metered: the model gateway is not built yet, so no run has metered model access"
 

@@ -18,8 +18,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from airlockd.audit import AuditLog, ChainBreak, verify_lines
 from airlockd.errors import AirlockError, UsageError
+from airlockd.evidence.audit import AuditLog, ChainBreak, verify_lines
 from airlockd.fsutil import atomic_write_bytes
 
 KEY_FILE = "audit-signing.key"

@@ -88,7 +88,7 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def staging() -> str:
-        from airlockd.pipeline import stagers
+        from airlockd.staging import stagers
         from airlockd.state import StateDir
 
         root = StateDir.for_workspace(workspace).ensure().root
@@ -106,7 +106,7 @@ def run_checks(workspace: Path) -> list[Check]:
 
     def file_events() -> str:
         """Whether the daemon's mirror keeper can watch this workspace (else every run walks)."""
-        from airlockd.pipeline.watcher import TreeWatcher
+        from airlockd.staging.watcher import TreeWatcher
 
         with TreeWatcher(workspace.resolve()) as w:
             dirs = w.watching

@@ -1,6 +1,6 @@
 """The orchestrator: the one place that sequences admit -> stage -> contain -> inspect ->
 classify -> propose -> commit. The CLI and the LSP server are two doors into this class; every
-run state change goes through its `lifecycle` (airlockd/lifecycle.py), decisions through `review`.
+run state change goes through its `lifecycle` (airlockd/runs/lifecycle.py), decisions through `review`.
 Constructing it changes nothing on disk but its state dir; `recover()` is the explicit start-up
 step of the processes that may write.
 
@@ -21,24 +21,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from airlockd import execution, recovery
-from airlockd.audit import AuditLog
-from airlockd.containment import RunMonitor
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError, StillEnding
-from airlockd.evidence import live_tree, schemes_differ
+from airlockd.evidence.audit import AuditLog
+from airlockd.evidence.document import live_tree, schemes_differ
 from airlockd.gateway import runs as gateway_runs
-from airlockd.lifecycle import RunLifecycle
-from airlockd.pipeline import admission, stagers
-from airlockd.pipeline.keeper import MirrorKeeper
+from airlockd.pipeline import admission
 from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
 from airlockd.records import RunRecord, RunState, Transition
 from airlockd.redact import Redactor, install_log_redaction
-from airlockd.review import Review
+from airlockd.runs import execution, recovery
+from airlockd.runs.containment import RunMonitor
+from airlockd.runs.lifecycle import RunLifecycle
+from airlockd.runs.review import Review
 from airlockd.sandbox.base import ExitInfo, Sandbox
+from airlockd.staging import stagers
+from airlockd.staging.keeper import MirrorKeeper
+from airlockd.staging.withheld import learn as learn_withheld
 from airlockd.state import StateDir
 from airlockd.store import Store, update_agent_in
-from airlockd.withheld import learn as learn_withheld
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +535,7 @@ class Service:
         self.emit("agentStatus", self.agent_status(agent))
         return next(a for a in self.agents() if a["agent"] == agent)
 
-    # -- recovery (airlockd/recovery.py) ------------------------------------------------------
+    # -- recovery (airlockd/runs/recovery.py) ------------------------------------------------------
 
     def sweep(self) -> dict[str, int]:
         """Reap what no live run owns; see `recovery.sweep`."""

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Entry, Manifest, diff
-from airlockd.pipeline.staging import _O_DIR, StagingError, _entry, _walk
+from airlockd.staging.copy import _O_DIR, StagingError, _entry, _walk
 
 if TYPE_CHECKING:
-    from airlockd.pipeline.stagers import Base
+    from airlockd.staging.stagers import Base
 
 OPAQUE = "trusted.overlay.opaque"
 # Complete copy-up (no metadata-only copies whose data stays in the lower layer), no directory

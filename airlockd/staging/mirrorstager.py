@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.pipeline.staging import (
+from airlockd.staging.copy import (
     _O_DIR,
     _O_SRC,
     CHUNK,

@@ -47,10 +47,7 @@ def _warm(workspace: Path) -> None:
     """Import what a run process needs and probe what it would probe, so each fork has it."""
     import docker  # noqa: F401
 
-    import airlockd.execution
-    import airlockd.sandbox.docker
-    import airlockd.service  # noqa: F401
-    from airlockd.pipeline import overlay
+    from airlockd.staging import overlay
     from airlockd.state import StateDir
 
     with contextlib.suppress(Exception):  # a run process probes again, and says what fails

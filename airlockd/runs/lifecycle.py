@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from airlockd.agents import sessions as agent_sessions
-from airlockd.audit import AuditLog
 from airlockd.errors import AirlockError, StateError
+from airlockd.evidence.audit import AuditLog
 from airlockd.pipeline.manifest import Entry, Kind, sha256_file
 from airlockd.records import ConflictCause, FileReview, FileState, RunRecord, RunState, Transition, allowed
 from airlockd.redact import Redactor

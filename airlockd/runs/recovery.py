@@ -11,18 +11,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airlockd import execution
 from airlockd.errors import EngineError, NotFoundError, UsageError
-from airlockd.pipeline import stagers
 from airlockd.pipeline.commit import recover
-from airlockd.records import (
-    RunRecord,
-    RunState,
-)
+from airlockd.records import RunRecord, RunState
+from airlockd.runs import execution
 from airlockd.sandbox import capfs
+from airlockd.staging import stagers
 
 if TYPE_CHECKING:
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def run_demo(where: Path | None = None) -> int:
     ws = make_workspace(root)
     print(f"sample workspace: {ws}")
     w = ["--workspace", str(ws)]
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
     svc = Service(ws, actor="demo").recover()
     print('\n\033[1m$ airlockd run --agent scripted --wait "add a farewell function with a test"\033[0m')

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from airlockd.pipeline import overlay
 from airlockd.pipeline.classify import _fold
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest
-from airlockd.pipeline.mirror import Mirror, MirrorView
-from airlockd.pipeline.staging import _O_DIR, StageResult, StagingError, _entry, _open_dir, _walk, inspect
-from airlockd.pipeline.treedigest import SCHEME, TreeDigest
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging import overlay
+from airlockd.staging.copy import _O_DIR, StageResult, StagingError, _entry, _open_dir, _walk, inspect
+from airlockd.staging.mirror import Mirror, MirrorView
+from airlockd.staging.treedigest import SCHEME, TreeDigest
 
 OVERLAY = "overlay"
 COPY = "copy"

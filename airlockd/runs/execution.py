@@ -12,31 +12,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airlockd import screening
 from airlockd.agents import wiring as agent_wiring
-from airlockd.containment import RunMonitor
 from airlockd.errors import EngineError
-from airlockd.evidence import live_tree
+from airlockd.evidence.document import live_tree
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
-from airlockd.pipeline import stagers
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import save_manifest
-from airlockd.pipeline.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
-from airlockd.pipeline.staging import StageResult, Withheld
-from airlockd.pipeline.staging import stage as copy_stage
 from airlockd.policy import Decision, Mode
-from airlockd.records import (
-    FileReview,
-    FileState,
-    RunRecord,
-    RunState,
-)
+from airlockd.records import FileReview, FileState, RunRecord, RunState
+from airlockd.runs import screening
+from airlockd.runs.containment import RunMonitor
 from airlockd.sandbox import capfs
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
+from airlockd.staging import stagers
+from airlockd.staging.copy import StageResult, Withheld
+from airlockd.staging.copy import stage as copy_stage
+from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
 
 if TYPE_CHECKING:
-    from airlockd.service import Progress, Service
+    from airlockd.runs.service import Progress, Service
 
 log = logging.getLogger(__name__)
 

@@ -32,14 +32,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from airlockd.pipeline.mirror import Mirror, MirrorView, mirror_for, policy_digest
-from airlockd.pipeline.mirrorstager import RefreshStats, dump
-from airlockd.pipeline.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
-from airlockd.pipeline.staging import StagingError
-from airlockd.pipeline.treedigest import TreeDigest
-from airlockd.pipeline.watcher import Changes, TreeWatcher, WatchUnavailable
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.copy import StagingError
+from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
+from airlockd.staging.mirrorstager import RefreshStats, dump
+from airlockd.staging.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
+from airlockd.staging.treedigest import TreeDigest
+from airlockd.staging.watcher import Changes, TreeWatcher, WatchUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class MirrorKeeper:
 
 
 def _live(st: KeptState) -> dict[str, object]:
-    from airlockd.pipeline.stagers import live_tree_from
+    from airlockd.staging.stagers import live_tree_from
 
     return live_tree_from(st.tree)
 

@@ -25,7 +25,7 @@ from airlockd import __version__
 from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError, from_json
 
 if TYPE_CHECKING:
-    from airlockd.client import Daemon
+    from airlockd.cli.client import Daemon
     from airlockd.records import RunRecord
 
 Handler = Callable[[argparse.Namespace], Any]
@@ -40,7 +40,7 @@ class RunDoc(dict[str, Any]):
 def _service(args: argparse.Namespace, *, recover: bool = False) -> Any:
     """The workspace's Service; `recover` for commands that may write (a run, a decision):
     interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
-    from airlockd.service import Service
+    from airlockd.runs.service import Service
 
     svc = Service(Path(args.workspace), actor="cli")
     return svc.recover() if recover else svc
@@ -66,7 +66,7 @@ def _state_root(args: argparse.Namespace) -> Path:
 def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
     """The daemon serving the workspace, to be its client; with `start`, one started in the
     background when none does. None: act alone (`--no-daemon`, `AIRLOCK_DAEMON=off`)."""
-    from airlockd import client
+    from airlockd.cli import client
 
     if args.no_daemon or client.daemon_policy() == "off":
         return None
@@ -84,7 +84,7 @@ def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
 
 def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:
     """One command of the daemon; its errors raised as the AirlockErrors they were there."""
-    from airlockd.client import DaemonGone, RemoteError
+    from airlockd.cli.client import DaemonGone, RemoteError
 
     try:
         return daemon.command(command, arguments)
@@ -176,7 +176,7 @@ PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
 
 def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
     """`run` by the daemon: it admits and carries the run; with --wait, follow it to its end."""
-    from airlockd.client import DaemonGone
+    from airlockd.cli.client import DaemonGone
 
     if args.wait:
         daemon.subscribe(PROGRESS, RUN_DONE)
@@ -212,9 +212,9 @@ def _wait_in_store(args: argparse.Namespace, run_id: str) -> RunDoc:
 def cmd_mirror(args: argparse.Namespace) -> Any:
     """Internal (the daemon's keeper runs its walks here, off its own interpreter): walk the
     workspace into the mirror of one clearance and dump the mirror's whole state."""
-    from airlockd.execution import mirror_owner
-    from airlockd.pipeline.mirror import mirror_for
     from airlockd.policy import Level, load_policy
+    from airlockd.runs.execution import mirror_owner
+    from airlockd.staging.mirror import mirror_for
     from airlockd.state import StateDir
     from airlockd.store import Store
 
@@ -235,8 +235,8 @@ def cmd_mirror(args: argparse.Namespace) -> Any:
 
 
 def cmd_launcher(args: argparse.Namespace) -> Any:
-    """Internal: the daemon's fork server for run processes (airlockd/launcher.py)."""
-    from airlockd.launcher import serve
+    """Internal: the daemon's fork server for run processes (airlockd/runs/launcher.py)."""
+    from airlockd.runs.launcher import serve
 
     return serve(args.fd, Path(args.workspace))
 
@@ -246,7 +246,7 @@ def cmd_execute(args: argparse.Namespace) -> Any:
     With --events it reports every Service event and progress step as a JSON line on stdout (the
     daemon relays them to the editor) and prints nothing else there."""
     if args.values_on_stdin:  # the daemon's learned withheld values: no walk of our own
-        from airlockd.service import Service
+        from airlockd.runs.service import Service
 
         values = json.loads(sys.stdin.read() or "[]")
         svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values]).recover()
@@ -296,7 +296,7 @@ def cmd_show(args: argparse.Namespace) -> Any:
         d["transitions"] = [t.model_dump(mode="json") for t in rec.transitions]
         d["timeline"] = list(svc.audit.events(run=rec.id))
         d["policy_sources"] = list(svc.loaded.sources)
-        from airlockd.evidence import evidence
+        from airlockd.evidence.document import evidence
 
         d["evidence"] = evidence(svc, rec.id)
         d["policy"] = d["evidence"]["policy"]
@@ -413,7 +413,7 @@ def cmd_release(args: argparse.Namespace) -> Any:
 
 
 def cmd_audit(args: argparse.Namespace) -> Any:
-    from airlockd import signing
+    from airlockd.evidence import signing
 
     if args.verify_export:  # needs the export and the public key, nothing of this machine's state
         if not args.public_key_file:
@@ -513,7 +513,7 @@ def cmd_runtime(args: argparse.Namespace) -> Any:
 
 
 def cmd_doctor(args: argparse.Namespace) -> Any:
-    from airlockd.doctor import run_checks
+    from airlockd.cli.doctor import run_checks
 
     checks = run_checks(Path(args.workspace))
     if args.json:
@@ -526,7 +526,7 @@ def cmd_doctor(args: argparse.Namespace) -> Any:
 
 
 def cmd_demo(args: argparse.Namespace) -> Any:
-    from airlockd.demo import run_demo
+    from airlockd.cli.demo import run_demo
 
     return run_demo(Path(args.demo_dir) if args.demo_dir else None)
 

@@ -1,0 +1,1 @@
+"""What a run leaves as proof: the evidence document, the hash-chained audit trail, signed exports."""

@@ -16,7 +16,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from airlockd import service as service_module
 from airlockd.errors import StillEnding
-from airlockd.lsp.args import StopArgs, parse
+from airlockd.lsp.args import parse
+from airlockd.protocol import StopArgs
 from airlockd.records import RunRecord, RunState
 from airlockd.service import Service
 

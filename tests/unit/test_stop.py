@@ -15,7 +15,8 @@ from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
 from pygls.exceptions import JsonRpcInvalidParams
 
 from airlockd.errors import StillEnding
-from airlockd.lsp.args import StopArgs, parse
+from airlockd.lsp.args import parse
+from airlockd.protocol import StopArgs
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import service as service_module
 from airlockd.runs.service import Service

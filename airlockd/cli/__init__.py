@@ -513,7 +513,7 @@ def cmd_runtime(args: argparse.Namespace) -> Any:
 
 
 def cmd_doctor(args: argparse.Namespace) -> Any:
-    from airlockd.cli.doctor import run_checks
+    from airlockd.runs.doctor import run_checks
 
     checks = run_checks(Path(args.workspace))
     if args.json:

@@ -20,8 +20,8 @@ from typing import Any
 
 from airlockd.policy import Limits
 from airlockd.records import LimitHit
-from airlockd.sandbox import capfs
 from airlockd.sandbox.base import ExitInfo, Sandbox
+from airlockd.staging import capfs
 
 log = logging.getLogger(__name__)
 

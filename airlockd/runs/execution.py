@@ -23,9 +23,8 @@ from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
-from airlockd.sandbox import capfs
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
-from airlockd.staging import stagers
+from airlockd.staging import capfs, stagers
 from airlockd.staging.copy import StageResult, Withheld
 from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest

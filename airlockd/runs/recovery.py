@@ -15,8 +15,7 @@ from airlockd.errors import EngineError, NotFoundError, UsageError
 from airlockd.pipeline.commit import recover
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import execution
-from airlockd.sandbox import capfs
-from airlockd.staging import stagers
+from airlockd.staging import capfs, stagers
 
 if TYPE_CHECKING:
     from airlockd.runs.service import Service

@@ -390,7 +390,7 @@ def stage_merged(
     """`staging.stage` done the overlay way: refresh a mirror (beside `dest` unless given), and
     mount mirror + a fresh upper layer (on a tmpfs) at `dest` with the kernel. `inspect_merged`
     then inspects from the upper layer. Needs root."""
-    from airlockd.sandbox import capfs
+    from airlockd.staging import capfs
 
     ws = os.path.realpath(workspace)
     if os.path.commonpath([ws, os.path.realpath(dest)]) == ws:
@@ -422,52 +422,12 @@ def inspect_merged(dest: Path, base: Manifest | Base) -> ChangeSet:
 
 
 def unmount_merged(dest: Path) -> None:
-    from airlockd.sandbox import capfs
+    from airlockd.staging import capfs
 
     upper = _MOUNTED.pop(str(dest), None)
     overlay.unmount(dest)
     if upper is not None:
         capfs.unmount(upper.parent)
-
-
-def engine_refuses(client: object, state_root: Path, image: str) -> str | None:
-    """Run a container on a tiny overlay volume, as a run would; None when the engine mounts it,
-    else its refusal. For `airlockd doctor` (it costs a container start)."""
-    import shutil
-    import uuid
-
-    from airlockd.sandbox import capfs, volumes
-    from airlockd.sandbox.base import OverlayVolume
-
-    probe = state_root / f".engine-probe-{uuid.uuid4().hex[:8]}"
-    lower, layers = probe / "lower", probe / "layers"
-    lower.mkdir(parents=True)
-    (lower / "probe").write_text("lower\n")
-    run_id = "doctor-" + probe.name[-8:]
-    try:
-        capfs.mount(layers, 1 << 20)
-        lay = layout(layers, lower)
-        prepare(lay, (1000, 1000))
-        volumes.create(client, run_id, OverlayVolume(lay.lower, lay.upper, lay.work, lay.options))
-        try:
-            client.containers.run(  # type: ignore[attr-defined]
-                image,
-                ["sh", "-c", "cat /w/probe >/dev/null && echo upper > /w/written"],
-                volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
-                network_mode="none",
-                user="1000:1000",
-                remove=True,
-            )
-        finally:
-            volumes.remove(client, run_id)
-        if not (lay.upper / "written").exists():
-            return "the container's write did not reach the upper layer"
-        return None
-    except Exception as exc:  # the engine's words are the report
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    finally:
-        capfs.unmount(layers)
-        shutil.rmtree(probe, ignore_errors=True)
 
 
 def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:

@@ -38,9 +38,9 @@ from treegen import Tree, big_tree
 from airlockd.policy import Level, load_policy
 from airlockd.runs.execution import AGENT_UID
 from airlockd.runs.service import Service
-from airlockd.sandbox import capfs, volumes
+from airlockd.sandbox import volumes
 from airlockd.sandbox.base import OverlayVolume
-from airlockd.staging import overlay, stagers
+from airlockd.staging import capfs, overlay, stagers
 from airlockd.staging.copy import inspect, stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for

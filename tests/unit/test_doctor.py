@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.cli import doctor
+from airlockd.runs import doctor
 
 
 def test_file_events_are_reported_with_the_directories_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -271,7 +271,7 @@ def test_run_base_of_a_copy_run_is_its_manifest(tmp_path: Path, lower: Path) -> 
 def mounted(tmp_path: Path, lower: Path) -> Iterator[tuple[stagers.Layout, Path]]:
     if why := overlay.unavailable(tmp_path):
         pytest.skip(why)
-    from airlockd.sandbox import capfs
+    from airlockd.staging import capfs
 
     layers, merged = tmp_path / "layers", tmp_path / "merged"
     capfs.mount(layers, 16 << 20)

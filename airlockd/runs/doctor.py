@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from airlockd.sandbox import volumes
+from airlockd.sandbox.base import OverlayVolume
+from airlockd.staging import capfs, stagers
 
 Check = dict[str, Any]
 
@@ -88,7 +93,6 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def staging() -> str:
-        from airlockd.staging import stagers
         from airlockd.state import StateDir
 
         root = StateDir.for_workspace(workspace).ensure().root
@@ -96,7 +100,7 @@ def run_checks(workspace: Path) -> list[Check]:
         if name == stagers.OVERLAY and client is not None:
             from airlockd.sandbox.image import image_tag
 
-            if refused := stagers.engine_refuses(client, root, image_tag()):
+            if refused := engine_refuses(client, root, image_tag()):
                 return f"copy (full copy per run): the engine refused an overlay volume: {refused}"
         if name == stagers.OVERLAY:
             return f"overlay (mirror + per-run upper layer): {why}"
@@ -125,8 +129,6 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def growth_cap() -> str:
-        from airlockd.sandbox import capfs
-
         if why := capfs.available():
             raise RuntimeError(f"workspace growth is not capped: {why}")
         return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
@@ -142,3 +144,37 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("agent user", user, ""))
     return checks
+
+
+def engine_refuses(client: object, state_root: Path, image: str) -> str | None:
+    """Run a container on a tiny overlay volume, as a run would; None when the engine mounts it,
+    else its refusal. For `airlockd doctor` (it costs a container start)."""
+    probe = state_root / f".engine-probe-{uuid.uuid4().hex[:8]}"
+    lower, layers = probe / "lower", probe / "layers"
+    lower.mkdir(parents=True)
+    (lower / "probe").write_text("lower\n")
+    run_id = "doctor-" + probe.name[-8:]
+    try:
+        capfs.mount(layers, 1 << 20)
+        lay = stagers.layout(layers, lower)
+        stagers.prepare(lay, (1000, 1000))
+        volumes.create(client, run_id, OverlayVolume(lay.lower, lay.upper, lay.work, lay.options))
+        try:
+            client.containers.run(  # type: ignore[attr-defined]
+                image,
+                ["sh", "-c", "cat /w/probe >/dev/null && echo upper > /w/written"],
+                volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
+                network_mode="none",
+                user="1000:1000",
+                remove=True,
+            )
+        finally:
+            volumes.remove(client, run_id)
+        if not (lay.upper / "written").exists():
+            return "the container's write did not reach the upper layer"
+        return None
+    except Exception as exc:  # the engine's words are the report
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    finally:
+        capfs.unmount(layers)
+        shutil.rmtree(probe, ignore_errors=True)

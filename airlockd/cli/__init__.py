@@ -234,48 +234,19 @@ def cmd_mirror(args: argparse.Namespace) -> Any:
     print(json.dumps({"generation": view.generation, "serial": view.serial, "files": view.result.files}))
 
 
-def cmd_launcher(args: argparse.Namespace) -> Any:
-    """Internal: the daemon's fork server for run processes (airlockd/runs/launcher.py)."""
-    from airlockd.runs.launcher import serve
-
-    return serve(args.fd, Path(args.workspace))
-
-
 def cmd_execute(args: argparse.Namespace) -> Any:
-    """The process that carries one run (started by `run` without --wait, and by the daemon).
-    With --events it reports every Service event and progress step as a JSON line on stdout (the
-    daemon relays them to the editor) and prints nothing else there."""
-    if args.values_on_stdin:  # the daemon's learned withheld values: no walk of our own
-        from airlockd.runs.service import Service
+    """Internal: carry one run in this process (`run` without --wait starts it): the lifecycle's
+    run process (airlockd/runs/carrier.py)."""
+    from airlockd.runs.carrier import carry
 
-        values = json.loads(sys.stdin.read() or "[]")
-        svc = Service(Path(args.workspace), actor="cli", known_values=[str(v) for v in values]).recover()
-    else:
-        svc = _service(args, recover=True)
-    if not args.events:
-        return _run_doc(svc.resume(args.run) if args.resume else svc.execute(args.run))
-    from airlockd.protocol import ProgressEvent, RunEvent
-    from airlockd.records import RunState
-
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
-    heard = [True]
-
-    def send(event: RunEvent) -> None:
-        if not heard[0]:
-            return
-        try:
-            out.write(event.line())
-            out.flush()
-        except (BrokenPipeError, ValueError):  # the daemon left (handed over): the run goes on
-            heard[0] = False
-
-    def progress(stage: str, message: str) -> None:
-        send(RunEvent(ProgressEvent(type="progress", stage=RunState(stage), message=svc.redactor.text(message))))
-
-    svc.subscribe(lambda event, payload: send(RunEvent.of_service(event, payload)))
-    svc.resume(args.run, progress) if args.resume else svc.execute(args.run, progress)
-    return None
+    rec = carry(
+        Path(args.workspace),
+        args.run,
+        resume=args.resume,
+        events=args.events,
+        values_on_stdin=args.values_on_stdin,
+    )
+    return None if rec is None else _run_doc(rec)
 
 
 def cmd_runs(args: argparse.Namespace) -> Any:
@@ -575,9 +546,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow-up", metavar="RUN")
     sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
-    sp = sub.add_parser("_launcher", parents=[common])
-    sp.set_defaults(fn=cmd_launcher)
-    sp.add_argument("--fd", type=int, required=True)
     sp = sub.add_parser("_mirror", parents=[common])
     sp.set_defaults(fn=cmd_mirror)
     sp.add_argument("--clearance", required=True)

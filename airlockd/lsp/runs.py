@@ -20,7 +20,7 @@ from airlockd.lsp.server import AirlockServer
 from airlockd.protocol import ProgressEvent, RunDone, RunEvent
 from airlockd.protocol import RunProgress as ProgressNote
 from airlockd.records import FileState, RunRecord, RunState
-from airlockd.runs import execution, launcher
+from airlockd.runs import carrier, execution, launcher
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def execute(ls: AirlockServer, run_id: str) -> None:
 async def carry(ls: AirlockServer, run_id: str) -> None:
     """Take an admitted run to its end in the background; the client hears of every step.
 
-    The run is carried by its own process (`airlockd _execute --events`): copying, hashing and
+    The run is carried by its own process (`runs/carrier.py`, with `--events`): copying, hashing and
     the container's watch never compete with this loop for the interpreter, so requests stay fast
     while a big workspace is staged. Its Service events and progress come back as JSON lines and
     are relayed as if they were this process's own."""
@@ -131,7 +131,7 @@ async def carry(ls: AirlockServer, run_id: str) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "airlockd",
+            carrier.MODULE,
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

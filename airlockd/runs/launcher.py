@@ -1,16 +1,16 @@
 """A fork server for the processes that carry runs, so a run does not pay for Python's start-up.
 
-The daemon carries each run in a process of its own (`airlockd _execute --events`), so copying,
+The daemon carries each run in a process of its own (`runs/carrier.py`), so copying,
 hashing and the container's watch never compete with its event loop for the interpreter. Starting
 that process costs about 0.3 s before it does anything (the interpreter, then importing pydantic,
 the Docker SDK and airlockd), as much as a whole `docker run` of a no-op container. The launcher
-pays it once: the daemon starts `airlockd _launcher` beside itself, which imports everything a run
+pays it once: the daemon starts `python -m airlockd.runs.launcher` beside itself, which imports everything a run
 needs and then forks one run process per request.
 
 Protocol, over a `SOCK_SEQPACKET` socket pair (one message per datagram): the daemon sends
 `{"id": N, "argv": [...]}` with three descriptors attached (`SCM_RIGHTS`): the run process's
 stdin, stdout and stderr. The launcher forks; the child makes them its 0, 1 and 2 and runs
-`cli.main(argv)`; the launcher answers `{"id": N, "pid": P}` and, when the child ends,
+`carrier.main(argv)`; the launcher answers `{"id": N, "pid": P}` and, when the child ends,
 `{"id": N, "exit": CODE}` (a signal's death is `-SIGNUM`, as `subprocess` reports it).
 
 The launcher is single-threaded (it forks, so no other thread may hold a lock at that moment):
@@ -47,6 +47,7 @@ def _warm(workspace: Path) -> None:
     """Import what a run process needs and probe what it would probe, so each fork has it."""
     import docker  # noqa: F401
 
+    from airlockd.runs import carrier  # noqa: F401  (and with it the service)
     from airlockd.staging import overlay
     from airlockd.state import StateDir
 
@@ -55,7 +56,7 @@ def _warm(workspace: Path) -> None:
 
 
 def serve(fd: int, workspace: Path) -> int:
-    """`airlockd _launcher --fd FD`: fork a run process per request on socket FD until it closes."""
+    """`python -m airlockd.runs.launcher --fd FD`: fork a run process per request on socket FD until it closes."""
     _warm(workspace)
     sock = socket.socket(fileno=fd)
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
@@ -105,7 +106,7 @@ def _child(fds: list[int], argv: list[str]) -> None:
             os.dup2(fd, target)
             os.close(fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from airlockd.cli import main
+        from airlockd.runs.carrier import main
 
         code = main(argv)
     except SystemExit as exc:
@@ -156,10 +157,9 @@ class Launcher:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "airlockd",
+                __name__,
                 "--workspace",
                 str(workspace),
-                "_launcher",
                 "--fd",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
@@ -265,5 +265,26 @@ class Launcher:
 
 
 def argv_for(workspace: Path, run_id: str) -> list[str]:
-    """What the daemon asks of a run process (the same with or without the launcher)."""
-    return ["--workspace", str(workspace), "_execute", "--events", "--values-on-stdin", run_id]
+    """What the daemon asks of a run process (the same with or without the launcher: without,
+    `python -m airlockd.runs.carrier ARGV`)."""
+    from airlockd.runs.carrier import argv_for
+
+    return argv_for(workspace, run_id, events=True, values_on_stdin=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m airlockd.runs.launcher --workspace W --fd FD` (the daemon starts it)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m airlockd.runs.launcher")
+    p.add_argument("--workspace", required=True)
+    p.add_argument("--fd", type=int, required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="airlockd: %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args.fd, Path(args.workspace))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

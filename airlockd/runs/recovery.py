@@ -107,7 +107,7 @@ def _admitted_since(svc: Service, run_id: str) -> RunRecord | None:
 
 def reattach(svc: Service, rec: RunRecord) -> bool:
     """Hand the container of a dead process to a new background process that keeps enforcing
-    its limits, or reads how it ended, and proposes the result (`airlockd _execute --resume`).
+    its limits, or reads how it ended, and proposes the result (`runs/carrier.py --resume`).
     False when the run has no container."""
     try:
         exists = rec.id in svc.sandbox.labelled_runs(str(svc.workspace))
@@ -123,7 +123,7 @@ def reattach(svc: Service, rec: RunRecord) -> bool:
     log_file = svc.state.run_dir(rec.id) / "daemon.log"
     with log_file.open("ab") as err:
         subprocess.Popen(
-            [sys.executable, "-m", "airlockd", "--workspace", str(svc.workspace), "_execute", "--resume", rec.id],
+            [sys.executable, "-m", "airlockd.runs.carrier", "--workspace", str(svc.workspace), "--resume", rec.id],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from airlockd.runs.launcher import Launcher
+from airlockd.runs import carrier
+from airlockd.runs.launcher import Launcher, argv_for
 
 
 @pytest.fixture
@@ -29,35 +32,40 @@ async def _run(launcher: Launcher, argv: list[str], stdin: bytes = b"") -> tuple
 
 
 def test_forked_processes_answer_like_started_ones(ws: Path) -> None:
+    """A forked run process fails as `python -m airlockd.runs.carrier` started afresh does."""
+    argv = argv_for(ws, "nope")
+    started = subprocess.run(
+        [sys.executable, "-m", carrier.MODULE, *argv], capture_output=True, input=b"[]", timeout=60
+    )
+    assert started.returncode == 1 and b"no run 'nope'" in started.stderr and started.stdout == b""
+
     async def main() -> None:
         launcher = Launcher()
         await launcher.start(ws)
         try:
-            code, out, err, pid = await _run(launcher, ["--workspace", str(ws), "runs", "--json"])
-            assert (code, out.strip(), err) == (0, b"[]", b"")
+            code, out, err, pid = await _run(launcher, argv, b"[]")
+            assert (code, out) == (started.returncode, started.stdout) and b"no run 'nope'" in err
             assert pid not in (0, os.getpid(), launcher.proc.pid if launcher.proc else 0)
-            code, out, err, _ = await _run(launcher, ["--workspace", str(ws), "show", "nope"])
-            assert code == 1 and b"no run 'nope'" in err and out == b""
             # several at once: each its own process with its own pipes
-            many = await asyncio.gather(*(_run(launcher, ["--workspace", str(ws), "runs", "--json"]) for _ in range(4)))
-            assert [m[0] for m in many] == [0] * 4 and len({m[3] for m in many}) == 4
+            many = await asyncio.gather(*(_run(launcher, argv, b"[]") for _ in range(4)))
+            assert [m[0] for m in many] == [1] * 4 and len({m[3] for m in many}) == 4
         finally:
             await launcher.stop()
         assert launcher.proc is not None and launcher.proc.returncode == 0  # it ended with its socket
-        assert await launcher.spawn(["--workspace", str(ws), "runs"]) is None  # the caller starts its own
+        assert await launcher.spawn(argv) is None  # the caller starts its own
 
     asyncio.run(main())
 
 
 def test_stdin_reaches_the_forked_process(ws: Path) -> None:
-    """`_execute --values-on-stdin` reads what the daemon wrote before anything else: a run that
-    does not exist fails after the values were read, with the usual error."""
+    """`--values-on-stdin` reads what the daemon wrote before anything else: a run that does not
+    exist fails after the values were read, with the usual error."""
 
     async def main() -> None:
         launcher = Launcher()
         await launcher.start(ws)
         try:
-            argv = ["--workspace", str(ws), "_execute", "--events", "--values-on-stdin", "r0"]
+            argv = argv_for(ws, "r0")
             code, _out, err, _ = await _run(launcher, argv, b'["a-secret-value"]')
             assert code != 0 and b"no run 'r0'" in err
             code, _, err, _ = await _run(launcher, argv, b"not json")
@@ -79,7 +87,7 @@ def test_a_dead_launcher_is_reported_not_waited_for(ws: Path) -> None:
             if not launcher.alive:
                 break
             await asyncio.sleep(0.01)
-        assert await launcher.spawn(["--workspace", str(ws), "runs"]) is None
+        assert await launcher.spawn(argv_for(ws, "r0")) is None
         await launcher.stop()
 
     asyncio.run(main())

@@ -209,31 +209,6 @@ def _wait_in_store(args: argparse.Namespace, run_id: str) -> RunDoc:
     return _run_doc(rec)
 
 
-def cmd_mirror(args: argparse.Namespace) -> Any:
-    """Internal (the daemon's keeper runs its walks here, off its own interpreter): walk the
-    workspace into the mirror of one clearance and dump the mirror's whole state."""
-    from airlockd.policy import Level, load_policy
-    from airlockd.runs.execution import mirror_owner
-    from airlockd.staging.mirror import mirror_for
-    from airlockd.state import StateDir
-    from airlockd.store import Store
-
-    ws = Path(args.workspace)
-    state = StateDir.for_workspace(ws).ensure()
-    store = Store(state)
-
-    def live(run_id: str) -> bool:
-        try:
-            return store.get_run(run_id).state.live
-        except Exception:
-            return False
-
-    level = Level(args.clearance)
-    policy = load_policy(ws).policy
-    view = mirror_for(state.root, level).refresh(ws, policy, level, owner=mirror_owner(), is_live=live, dump=True)
-    print(json.dumps({"generation": view.generation, "serial": view.serial, "files": view.result.files}))
-
-
 def cmd_execute(args: argparse.Namespace) -> Any:
     """Internal: carry one run in this process (`run` without --wait starts it): the lifecycle's
     run process (airlockd/runs/carrier.py)."""
@@ -460,27 +435,12 @@ def cmd_policy(args: argparse.Namespace) -> Any:
 
 
 def cmd_runtime(args: argparse.Namespace) -> Any:
-    import docker
+    from airlockd.runs.runtime import build
 
-    from airlockd.sandbox.image import ensure_image
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:
-        from airlockd.errors import EngineError
-
-        raise EngineError(
-            f"the Docker engine does not answer: {exc}",
-            hint="run scripts/ensure-docker.sh (or start dockerd)",
-        ) from None
-    tag = ensure_image(client, force=args.force, progress=lambda m: print(m, file=sys.stderr))
-    if getattr(args, "with_codex", False):  # the same image plus the Codex CLI binary, its own tag
-        from airlockd.sandbox.image import ensure_codex_image
-
-        codex = ensure_codex_image(client, force=args.force, progress=lambda m: print(m, file=sys.stderr))
-        return {"image": tag, "codex_image": codex} if args.json else print(f"{tag}\n{codex}")
-    return {"image": tag} if args.json else print(tag)
+    built = build(
+        force=args.force, with_codex=getattr(args, "with_codex", False), progress=lambda m: print(m, file=sys.stderr)
+    )
+    return built if args.json else print("\n".join(built.values()))
 
 
 def cmd_doctor(args: argparse.Namespace) -> Any:
@@ -546,9 +506,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow-up", metavar="RUN")
     sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
-    sp = sub.add_parser("_mirror", parents=[common])
-    sp.set_defaults(fn=cmd_mirror)
-    sp.add_argument("--clearance", required=True)
     sp = sub.add_parser("_execute", parents=[common])
     sp.set_defaults(fn=cmd_execute)
     sp.add_argument("--resume", action="store_true")

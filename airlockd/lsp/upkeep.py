@@ -7,47 +7,23 @@ import asyncio
 import logging
 
 from airlockd.lsp.server import AirlockServer
-from airlockd.runs.service import Service
 
 log = logging.getLogger(__name__)
-
-
-def keep_mirrors(service: Service) -> bool:
-    """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
-    first run stages in proportion to what changed since, not to the size of the tree. Whether
-    the keeper is watching."""
-    from airlockd.staging.keeper import walk_elsewhere
-
-    if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
-        return False
-    refresh_mirrors(service)
-    return True
-
-
-def refresh_mirrors(service: Service, walk: bool = False) -> None:
-    """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
-    from airlockd.runs.execution import mirror_owner
-    from airlockd.staging import stagers
-
-    if service.keeper is None or stagers.choose(service.state.root)[0] != stagers.OVERLAY:
-        return
-    for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
-        service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)
 
 
 async def prime(ls: AirlockServer) -> None:
     """Start the keeper (off the loop), let the live-edit watch follow its watcher, and keep the
     mirrors' periodic walks off the runs' path: they are made here, between runs."""
     from airlockd.lsp import watching
-    from airlockd.staging.keeper import WALK_EVERY_S
+    from airlockd.runs import mirrors
 
-    if not await ls.call(keep_mirrors, ls.service):
+    if not await ls.call(mirrors.keep, ls.service):
         return
     await watching.refresh(ls)
     while True:
-        await asyncio.sleep(WALK_EVERY_S * 0.9)
+        await asyncio.sleep(mirrors.UPKEEP_EVERY_S)
         try:
-            await ls.call(refresh_mirrors, ls.service, True)
+            await ls.call(mirrors.refresh_all, ls.service, True)
         except Exception:  # a run refreshes (and reports) itself; the upkeep tries again later
             log.exception("mirror upkeep failed")
 

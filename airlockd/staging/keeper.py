@@ -34,7 +34,6 @@ from pathlib import Path
 
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
-from airlockd.staging.copy import StagingError
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
 from airlockd.staging.mirrorstager import RefreshStats, dump
 from airlockd.staging.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
@@ -268,18 +267,3 @@ def _live(st: KeptState) -> dict[str, object]:
     from airlockd.staging.stagers import live_tree_from
 
     return live_tree_from(st.tree)
-
-
-def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
-    """A keeper's `walker` that walks in a new process (`airlockd _mirror`), for the daemon."""
-    import subprocess
-    import sys
-
-    def walk(clearance: Level) -> None:
-        cmd = [sys.executable, "-m", "airlockd", "--workspace", str(workspace), "_mirror", "--clearance"]
-        proc = subprocess.run([*cmd, clearance.value], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            raise StagingError(f"walking the workspace into the {clearance.value} mirror failed: {last}")
-
-    return walk

@@ -2,7 +2,7 @@
 
 p50 / p99 latency of `airlock.listRuns` on a 20,000-file tree (treegen), in three phases measured
 against the same server in one run: right after start-up, while the daemon builds the mirror in
-the background (its walk runs in another process: `airlockd _mirror`); idle; and while a run is
+the background (its walk runs in another process: `python -m airlockd.runs.mirrors`); idle; and while a run is
 carried from `airlock.runTask` to its end (the daemon's keeper refreshes the mirror, a process
 carries the run). Target: p99 ratio <= 3 against idle and an absolute p99 under 100 ms. Also the
 end-to-end time of that no-op run through the daemon (command to end state), against a bare

@@ -230,9 +230,9 @@ def test_random_edits_leave_what_a_walk_would(keeper: MirrorKeeper, ws: Path, tm
 def test_walks_in_another_process_are_loaded_as_they_were_left(
     ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The daemon's keeper walks in `airlockd _mirror` and loads the dump it left; what it then
+    """The daemon's keeper walks in `python -m airlockd.runs.mirrors` and loads the dump it left; what it then
     knows (and refreshes incrementally from) equals a walk made here."""
-    from airlockd.staging.keeper import walk_elsewhere
+    from airlockd.runs.mirrors import walk_elsewhere
     from airlockd.state import StateDir
 
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "states"))

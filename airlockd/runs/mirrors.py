@@ -1,0 +1,98 @@
+"""The mirrors' upkeep for a process that serves the workspace: the keeper started and each agent
+clearance's mirror built, refreshed between runs, and the walk made in a process of its own
+(`python -m airlockd.runs.mirrors`) so it never holds the daemon's interpreter.
+
+The doors call this; the keeper and the mirrors themselves are staging's (staging/keeper.py,
+staging/mirror.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from airlockd.policy import Level, load_policy
+from airlockd.runs.execution import mirror_owner
+from airlockd.runs.service import Service
+from airlockd.staging import stagers
+from airlockd.staging.copy import StagingError
+from airlockd.staging.keeper import WALK_EVERY_S
+from airlockd.staging.mirror import mirror_for
+from airlockd.state import StateDir
+from airlockd.store import Store
+
+MODULE = "airlockd.runs.mirrors"
+UPKEEP_EVERY_S = WALK_EVERY_S * 0.9  # the daemon walks a little before the keeper would itself
+
+
+def keep(service: Service) -> bool:
+    """Watch the workspace and build each agent clearance's mirror now (off the loop), so the
+    first run stages in proportion to what changed since, not to the size of the tree. Whether
+    the keeper is watching."""
+    if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
+        return False
+    refresh_all(service)
+    return True
+
+
+def refresh_all(service: Service, walk: bool = False) -> None:
+    """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
+    if service.keeper is None or stagers.choose(service.state.root)[0] != stagers.OVERLAY:
+        return
+    for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
+        service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)
+
+
+def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
+    """A keeper's `walker` that walks in a new process (`walk_here` there), for the daemon."""
+
+    def walk(clearance: Level) -> None:
+        cmd = [sys.executable, "-m", MODULE, "--workspace", str(workspace), "--clearance", clearance.value]
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise StagingError(f"walking the workspace into the {clearance.value} mirror failed: {last}")
+
+    return walk
+
+
+def walk_here(workspace: Path, level: Level) -> dict[str, int]:
+    """Walk the workspace into the mirror of one clearance and dump the mirror's whole state,
+    for the keeper that asked (it loads the dump)."""
+    state = StateDir.for_workspace(workspace).ensure()
+    store = Store(state)
+
+    def live(run_id: str) -> bool:
+        try:
+            return store.get_run(run_id).state.live
+        except Exception:
+            return False
+
+    policy = load_policy(workspace).policy
+    view = mirror_for(state.root, level).refresh(
+        workspace, policy, level, owner=mirror_owner(), is_live=live, dump=True
+    )
+    return {"generation": view.generation, "serial": view.serial, "files": view.result.files}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m airlockd.runs.mirrors --workspace W --clearance LEVEL`: one walk, its summary
+    as JSON on stdout."""
+    p = argparse.ArgumentParser(prog="python -m " + MODULE, description="walk the workspace into a mirror")
+    p.add_argument("--workspace", required=True)
+    p.add_argument("--clearance", required=True, choices=[lvl.value for lvl in Level])
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="airlockd: %(levelname)s %(name)s: %(message)s"
+    )
+    print(json.dumps(walk_here(Path(args.workspace), Level(args.clearance))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

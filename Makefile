@@ -42,6 +42,7 @@ lint: setup
 	$(VENV)/bin/ruff check airlockd tests
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m airlockd.protocol --check $(SCHEMA)
 	$(VENV)/bin/mypy tests/unit/fakesandbox.py tests/contract/test_sandbox_contract.py
 

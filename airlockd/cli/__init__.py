@@ -1,7 +1,7 @@
 """Command line: parses, calls the service, prints. Exit codes live in errors.py.
 
 When a daemon serves the workspace (an editor's `airlockd serve`, or one the CLI started in the
-background), the commands that decide or run go to it over its control socket (`client.py`): the
+background), the commands that decide or run go to it over its control socket (`lsp/client.py`): the
 same code, with the same state, including the editor's unsaved buffers. Otherwise a decision acts
 alone, in this process, and a run starts a background daemon that keeps the mirror warm for the
 next one (`AIRLOCK_DAEMON=off` or `--no-daemon`: always alone). See docs/daemon.md.
@@ -25,7 +25,7 @@ from airlockd import __version__
 from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError, from_json
 
 if TYPE_CHECKING:
-    from airlockd.cli.client import Daemon
+    from airlockd.lsp.client import Daemon
     from airlockd.records import RunRecord
 
 Handler = Callable[[argparse.Namespace], Any]
@@ -66,7 +66,7 @@ def _state_root(args: argparse.Namespace) -> Path:
 def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
     """The daemon serving the workspace, to be its client; with `start`, one started in the
     background when none does. None: act alone (`--no-daemon`, `AIRLOCK_DAEMON=off`)."""
-    from airlockd.cli import client
+    from airlockd.lsp import client
 
     if args.no_daemon or client.daemon_policy() == "off":
         return None
@@ -84,7 +84,7 @@ def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
 
 def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:
     """One command of the daemon; its errors raised as the AirlockErrors they were there."""
-    from airlockd.cli.client import DaemonGone, RemoteError
+    from airlockd.lsp.client import DaemonGone, RemoteError
 
     try:
         return daemon.command(command, arguments)
@@ -176,7 +176,7 @@ PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
 
 def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
     """`run` by the daemon: it admits and carries the run; with --wait, follow it to its end."""
-    from airlockd.cli.client import DaemonGone
+    from airlockd.lsp.client import DaemonGone
 
     if args.wait:
         daemon.subscribe(PROGRESS, RUN_DONE)

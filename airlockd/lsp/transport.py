@@ -89,7 +89,7 @@ def _info(state: StateDir) -> dict[str, Any]:
 
 def _hand_over(state: StateDir) -> bool:
     """Ask the workspace's background daemon to leave; whether it agreed."""
-    from airlockd.cli.client import Daemon, DaemonGone, RemoteError
+    from airlockd.lsp.client import Daemon, DaemonGone, RemoteError
 
     daemon = Daemon.connect(state.root)
     if daemon is None:

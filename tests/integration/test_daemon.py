@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airlockd.cli.client import Daemon
+from airlockd.lsp.client import Daemon
 from airlockd.state import StateDir
 
 pytestmark = pytest.mark.docker

@@ -1,5 +1,6 @@
-"""The CLI's side of the daemon's control socket (`lsp/control.py`): find the daemon that serves a
-workspace, or start one in the background, and ask it to decide.
+"""The client side of the daemon's control socket (`control.py`, beside it), for the CLI and for a
+daemon taking a workspace over: find the daemon that serves a workspace, or start one in the
+background, and ask it to decide.
 
 The standard library only: a command that goes to a warm daemon must not pay for importing
 pydantic, the Docker SDK or pygls (that alone is 0.15 s, half a `docker run`).

@@ -43,3 +43,9 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def under(path: str, prefix: str) -> bool:
+    """`path` is `prefix` or inside it (workspace-relative, '/'-separated; a trailing '/' on
+    `prefix` is allowed). Compares strings only: never touches the filesystem."""
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airlockd.fsutil import under
 from airlockd.pipeline.manifest import scan
 from airlockd.protocol import EvidenceDocument
 from airlockd.records import RunRecord, RunState
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 TOKENS_UNMETERED = "not metered: the model gateway is not built yet, so no run has metered model access"
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 def live_tree(workspace: Path, excluded: list[str]) -> dict[str, Any]:
     """Digest of the live tree: the Merkle digest (`treedigest`, scheme `SCHEME`) of the type,
     mode, size, content SHA-256 or link target of every node, withheld paths (and what is under
@@ -35,7 +32,7 @@ def live_tree(workspace: Path, excluded: list[str]) -> dict[str, Any]:
     skip_set = {p.rstrip("/") for p in excluded}
 
     def skip(rel: str, is_dir: bool) -> bool:
-        return rel in skip_set or any(_under(rel, p) for p in skip_set if p)
+        return rel in skip_set or any(under(rel, p) for p in skip_set if p)
 
     manifest = scan(workspace, skip)
     digest = TreeDigest.of(manifest).hexdigest()

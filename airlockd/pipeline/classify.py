@@ -105,7 +105,7 @@ class _Classifier:
         self.protected = _AnyPattern(policy.defaults.protected_files)
         self.folded: dict[str, set[str]] = {}
         for p in known:
-            self.folded.setdefault(_fold(p), set()).add(p)
+            self.folded.setdefault(fold(p), set()).add(p)
 
     def invariants(self, c: Change) -> _Verdict | None:
         """The strictest built-in invariant the change meets, or None."""
@@ -115,7 +115,7 @@ class _Classifier:
         for deny in (self._path_invariant(c), self._node_invariant(c)):
             if deny is not None:
                 return deny
-        twins = sorted(self.folded.get(_fold(c.path), set()) - {c.path})
+        twins = sorted(self.folded.get(fold(c.path), set()) - {c.path})
         if twins:
             floor = _stricter(
                 floor,
@@ -170,7 +170,7 @@ class _Classifier:
         return _Verdict(Decision.REVIEW, "default", "no rule matches: a person decides")
 
 
-def _fold(path: str) -> str:
+def fold(path: str) -> str:
     try:
         return unicodedata.normalize("NFC", path).casefold()
     except (UnicodeError, ValueError):  # lone surrogates of an undecodable name

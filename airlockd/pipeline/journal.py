@@ -64,10 +64,6 @@ def temp_name(txid: str, tag: str) -> str:
     return f"{TMP_PREFIX}{txid}-{tag}"
 
 
-def _entry(d: dict[str, Any] | None) -> Entry | None:
-    return Entry.from_json(d) if d is not None else None
-
-
 def _entry_json(e: Entry | None) -> dict[str, Any] | None:
     """`Entry.to_json()` without dataclasses.asdict's deep copies (a tenth of a 1,000-file commit)."""
     if e is None:
@@ -132,7 +128,16 @@ class Journal:
             doc = json.loads(data)
             if doc.get("format") != FORMAT:
                 raise ValueError(f"unknown format {doc.get('format')!r}")
-            ops = [JournalOp(o["path"], _entry(o["base"]), _entry(o["new"]), o["tmp"], o["backup"]) for o in doc["ops"]]
+            ops = [
+                JournalOp(
+                    o["path"],
+                    Entry.from_json_or_none(o["base"]),
+                    Entry.from_json_or_none(o["new"]),
+                    o["tmp"],
+                    o["backup"],
+                )
+                for o in doc["ops"]
+            ]
             mkdirs = [(str(p), int(m)) for p, m in doc["mkdirs"]]
             return cls(doc["txid"], doc["workspace"], ops, mkdirs, doc["state"], doc["applied"])
         except (ValueError, KeyError, TypeError) as exc:

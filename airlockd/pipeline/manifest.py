@@ -70,6 +70,11 @@ class Entry:
     def from_json(cls, d: dict[str, Any]) -> Entry:
         return cls(Kind(d["kind"]), d["mode"], d.get("size", 0), d.get("sha256"), d.get("target"))
 
+    @classmethod
+    def from_json_or_none(cls, d: dict[str, Any] | None) -> Entry | None:
+        """`from_json`, or None where the record has no node (an absent path)."""
+        return cls.from_json(d) if d else None
+
 
 Manifest = dict[str, Entry]
 
@@ -147,8 +152,8 @@ class Change:
         return cls(
             d["path"],
             ChangeKind(d["change"]),
-            Entry.from_json(d["before"]) if d.get("before") else None,
-            Entry.from_json(d["after"]) if d.get("after") else None,
+            Entry.from_json_or_none(d.get("before")),
+            Entry.from_json_or_none(d.get("after")),
         )
 
 

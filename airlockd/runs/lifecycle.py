@@ -18,6 +18,7 @@ from pathlib import Path
 from airlockd.agents import sessions as agent_sessions
 from airlockd.errors import AirlockError, StateError
 from airlockd.evidence.audit import AuditLog
+from airlockd.fsutil import under
 from airlockd.pipeline.manifest import Entry, Kind, sha256_file
 from airlockd.records import ConflictCause, FileReview, FileState, RunRecord, RunState, Transition, allowed
 from airlockd.redact import Redactor
@@ -31,17 +32,12 @@ CLEARABLE = frozenset(ConflictCause)
 DECIDED = frozenset({RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE})
 
 
-def under(path: str, prefix: str) -> bool:
-    """`path` is `prefix` or inside it (workspace-relative, '/'-separated)."""
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 def at_base(workspace: Path, f: FileReview) -> bool:
     """Whether the live node is what the change was made against (what landed hunks left, else
     its base; absent for a created file). Never follows a link."""
     from airlockd.pipeline.manifest import entry_for
 
-    expected = Entry.from_json(f.base) if f.base else None
+    expected = Entry.from_json_or_none(f.base)
     try:
         live = entry_for(workspace / f.path)
     except FileNotFoundError:
@@ -199,7 +195,7 @@ class RunLifecycle:
     def _keep_base_blob(self, rec: RunRecord, n: int, f: FileReview) -> bool:
         """A file that moved before inspection has no base copy for its diff and hunks: keep one
         now that the live file is back to the base. False when that cannot be done."""
-        before = Entry.from_json(f.before) if f.before else None
+        before = Entry.from_json_or_none(f.before)
         if f.base_blob or before is None or before.kind is not Kind.FILE:
             return True
         blobs = self.state.run_dir(rec.id) / "base"

@@ -18,13 +18,14 @@ from pathlib import Path
 
 from airlockd.errors import ConflictError, StateError, UsageError
 from airlockd.evidence.audit import AuditLog
+from airlockd.fsutil import under
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
 from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
-from airlockd.runs.lifecycle import RunLifecycle, under
+from airlockd.runs.lifecycle import RunLifecycle
 from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
 from airlockd.store import Store
@@ -35,10 +36,6 @@ class ApproveResult:
     run: RunRecord
     applied: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
-
-
-def _entry(d: dict[str, object] | None) -> Entry | None:
-    return Entry.from_json(d) if d else None
 
 
 class Review:
@@ -72,7 +69,7 @@ class Review:
         blobs = self.state.run_dir(run_id) / "base"
         blobs.mkdir(exist_ok=True)
         for n, f in enumerate(files):
-            before = _entry(f.before)
+            before = Entry.from_json_or_none(f.before)
             if before is None or before.kind is not Kind.FILE or f.state is FileState.DENIED:
                 continue
             live = self.workspace / f.path
@@ -172,7 +169,7 @@ class Review:
         first: list[FileOp] = []
         ops: list[FileOp] = []
         for f in files:
-            before, new = _entry(f.base), _entry(f.after)
+            before, new = Entry.from_json_or_none(f.base), Entry.from_json_or_none(f.after)
             src = proposed_path(run_dir, f.path) if new and new.kind is Kind.FILE else None
             if f.change == "type_changed":
                 first.append(FileOp(f.path, before, None))
@@ -413,12 +410,14 @@ class Review:
             out_dir.mkdir(exist_ok=True)
             for f, (old, new), states in plan:
                 content = apply_hunks(old, new, {k for k, v in states.items() if v == "accepted"}).encode()
-                base = _entry(f.base)
-                after = _entry(f.after)
+                base = Entry.from_json_or_none(f.base)
+                after = Entry.from_json_or_none(f.after)
                 mode = after.mode if after else base.mode if base else 0o644
                 entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
                 check = classify(
-                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, _entry(f.before), entry)]), self._policy(), withheld
+                    ChangeSet([Change(f.path, ChangeKind.MODIFIED, Entry.from_json_or_none(f.before), entry)]),
+                    self._policy(),
+                    withheld,
                 )
                 if check[0].decision is Decision.DENY:
                     raise StateError(
@@ -528,7 +527,7 @@ class Review:
         run_dir = self.state.run_dir(rec.id)
         old = (run_dir / "base" / f.base_blob).read_bytes() if f.base_blob else None
         new = None
-        after = _entry(f.after)
+        after = Entry.from_json_or_none(f.after)
         if after is not None and after.kind is Kind.FILE:
             src = proposed_path(run_dir, f.path)  # the upper layer or the copy
             new = src.read_bytes() if os.path.lexists(src) else None

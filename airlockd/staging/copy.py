@@ -27,7 +27,7 @@ from airlockd.errors import AirlockError
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, kind_of
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
-from airlockd.staging.fdtree import _O_DIR, _O_DST, _O_SRC, CHUNK, _entry, _open_dir, _read_all, _walk, _write_all
+from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.secretscan import SecretScanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
@@ -67,7 +67,7 @@ def _special(mode: int) -> str:
     return f"special-file:{kind_of(mode).value}"
 
 
-def _os_rule(exc: OSError) -> str:
+def os_rule(exc: OSError) -> str:
     if exc.errno == errno.ENOENT:
         return "vanished"
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -75,7 +75,7 @@ def _os_rule(exc: OSError) -> str:
     return f"unreadable:{errno.errorcode.get(exc.errno or 0, exc.errno)}"
 
 
-def _is_text(data: bytes) -> bool:
+def is_text(data: bytes) -> bool:
     return b"\0" not in data[:8192]
 
 
@@ -135,7 +135,7 @@ class _AnyPattern:
         return str(getattr(hits[-1], "pattern", "?")) if hits else "?"
 
 
-class _Stager:
+class StagingWalk:
     def __init__(
         self,
         policy: Policy,
@@ -168,7 +168,7 @@ class _Stager:
 
     def _withhold(self, rel: str, rule: str, data: bytes | None = None) -> None:
         self.result.withheld.append(Withheld(rel, rule))
-        if self.redactor is not None and data is not None and _is_text(data):
+        if self.redactor is not None and data is not None and is_text(data):
             self.redactor.add_file_values(data[:REDACT_READ].decode("utf-8", "replace"))
 
     def _skip(self, rel: str, rule: str) -> None:
@@ -218,14 +218,14 @@ class _Stager:
     def _enter(self, src: int, dst: int, rel: str) -> tuple[int, int] | None:
         name = rel.rpartition("/")[2]
         try:
-            child_src = os.open(name, _O_DIR, dir_fd=src)
+            child_src = os.open(name, O_DIR, dir_fd=src)
         except OSError as exc:
-            self._skip(rel, _os_rule(exc))
+            self._skip(rel, os_rule(exc))
             return None
         try:
             st = os.fstat(child_src)
             os.mkdir(name, 0o700, dir_fd=dst)
-            child_dst = os.open(name, _O_DIR, dir_fd=dst)
+            child_dst = os.open(name, O_DIR, dir_fd=dst)
         except BaseException:
             os.close(child_src)
             raise
@@ -239,7 +239,7 @@ class _Stager:
             with os.scandir(src) as it:
                 entries = sorted(it, key=lambda de: de.name)
         except OSError as exc:
-            self._skip(prefix.rstrip("/"), _os_rule(exc))
+            self._skip(prefix.rstrip("/"), os_rule(exc))
             return []
         subdirs: list[str] = []
         for de in entries:
@@ -269,7 +269,7 @@ class _Stager:
         if self.redactor is None:
             return None
         try:
-            fd = os.open(name, _O_SRC, dir_fd=src)
+            fd = os.open(name, O_SRC, dir_fd=src)
         except OSError:
             return None
         try:
@@ -283,11 +283,11 @@ class _Stager:
         if self.redactor is None:
             return
         try:
-            top = os.open(name, _O_DIR, dir_fd=src)
+            top = os.open(name, O_DIR, dir_fd=src)
             try:
-                for fd, _, de in _walk(top):
+                for fd, _, de in walk_fds(top):
                     data = self._peek(fd, de.name) if de.is_file(follow_symlinks=False) else None
-                    if data is not None and _is_text(data):
+                    if data is not None and is_text(data):
                         self.redactor.add_file_values(data.decode("utf-8", "replace"))
             finally:
                 os.close(top)
@@ -308,17 +308,17 @@ class _Stager:
     def _copy_file(self, src: int, dst: int, name: str, rel: str) -> None:
         # Errors reading the source skip the file; errors writing the copy abort the staging.
         try:
-            fd = os.open(name, _O_SRC, dir_fd=src)
+            fd = os.open(name, O_SRC, dir_fd=src)
         except OSError as exc:
-            self._skip(rel, _os_rule(exc))
+            self._skip(rel, os_rule(exc))
             return
         try:
             try:
                 st = os.fstat(fd)
                 whole = stat.S_ISREG(st.st_mode) and st.st_size <= READ_WHOLE
-                data = _read_all(fd, st.st_size) if whole else b""
+                data = read_all(fd, st.st_size) if whole else b""
             except OSError as exc:
-                self._skip(rel, _os_rule(exc))
+                self._skip(rel, os_rule(exc))
                 return
             if not stat.S_ISREG(st.st_mode):
                 self._skip(rel, "raced" if stat.S_ISDIR(st.st_mode) else _special(st.st_mode))
@@ -332,9 +332,9 @@ class _Stager:
         if hit is not None:
             self._withhold(rel, f"detector:{hit}", data)
             return
-        out = os.open(name, _O_DST, 0o600, dir_fd=dst)
+        out = os.open(name, O_DST, 0o600, dir_fd=dst)
         try:
-            _write_all(out, data)
+            write_all(out, data)
             self._settle(out, st)
         finally:
             os.close(out)
@@ -353,7 +353,7 @@ class _Stager:
         h = hashlib.sha256()
         size = 0
         tail = b""
-        out = os.open(name, _O_DST, 0o600, dir_fd=dst)
+        out = os.open(name, O_DST, 0o600, dir_fd=dst)
         try:
             while chunk := os.read(fd, CHUNK):
                 window = tail + chunk
@@ -365,7 +365,7 @@ class _Stager:
                     self._withhold(rel, f"detector:{hit}", window)
                     return
                 h.update(chunk)
-                _write_all(out, chunk)
+                write_all(out, chunk)
                 size += len(chunk)
                 tail = window[-self.scanner.overlap :]
             self._settle(out, st)
@@ -391,7 +391,7 @@ class _Stager:
         links = [(rel, e.target or "") for rel, e in base.items() if e.kind is Kind.SYMLINK]
         for rel in [rel for rel, target in links if link_escapes(rel, target, base)]:
             parent_rel, _, name = rel.rpartition("/")
-            fd = _open_dir(dst_root, parent_rel)
+            fd = open_dir(dst_root, parent_rel)
             try:
                 st = self.dirs.get(parent_rel)
                 if st is not None and st.st_mode & 0o300 != 0o300:
@@ -415,7 +415,7 @@ def _open_dest(dest: Path) -> int:
                 f"staging destination {dest} exists and is not an empty directory",
                 hint="remove it, or stage into a new directory",
             ) from None
-    return os.open(dest, _O_DIR)
+    return os.open(dest, O_DIR)
 
 
 def stage(
@@ -450,7 +450,7 @@ def stage(
         src_root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise StagingError(f"cannot open workspace {workspace}: {exc.strerror}") from None
-    stager = _Stager(policy, clearance, owner, redactor, progress)
+    stager = StagingWalk(policy, clearance, owner, redactor, progress)
     try:
         root_st = os.fstat(src_root)
         dst_root = _open_dest(dest)
@@ -477,11 +477,11 @@ def scan_tree(root: Path) -> Manifest:
     silently taken for an unchanged one)."""
     out: Manifest = {}
     try:
-        root_fd = os.open(root, _O_DIR)
+        root_fd = os.open(root, O_DIR)
         try:
-            for fd, rel, de in _walk(root_fd):
+            for fd, rel, de in walk_fds(root_fd):
                 try:
-                    out[rel] = _entry(fd, de.name, de.stat(follow_symlinks=False))
+                    out[rel] = entry_at(fd, de.name, de.stat(follow_symlinks=False))
                 except FileNotFoundError:
                     continue
         finally:

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 
 from airlockd.pipeline.manifest import Entry, Kind, kind_of
 
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a fifo swapped in for a file between listing and opening never blocks the walk.
-_O_SRC = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_O_DST = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+O_SRC = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+O_DST = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
 
 
-def _read_all(fd: int, size: int) -> bytes:
+def read_all(fd: int, size: int) -> bytes:
     data = os.read(fd, size + 1)  # a short read of a regular file is its end
     if len(data) <= size:
         return data
@@ -30,13 +30,13 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _walk(root_fd: int) -> Iterator[tuple[int, str, os.DirEntry[str]]]:
+def walk_fds(root_fd: int) -> Iterator[tuple[int, str, os.DirEntry[str]]]:
     """(fd of its directory, relative path, entry) for every node under `root_fd`, depth first
     and sorted, never following a link, holding one descriptor per level (never one per
     directory). A directory that vanishes before it is entered is passed over; other errors
@@ -61,7 +61,7 @@ def _walk(root_fd: int) -> Iterator[tuple[int, str, os.DirEntry[str]]]:
                     continue
                 name = pending.pop()
                 try:
-                    fd = os.open(name, _O_DIR, dir_fd=parent)
+                    fd = os.open(name, O_DIR, dir_fd=parent)
                 except FileNotFoundError:
                     continue
                 prefix = f"{parent_prefix}{name}/"
@@ -73,20 +73,20 @@ def _walk(root_fd: int) -> Iterator[tuple[int, str, os.DirEntry[str]]]:
             os.close(fd)
 
 
-def _open_dir(root_fd: int, rel: str) -> int:
+def open_dir(root_fd: int, rel: str) -> int:
     """A descriptor of directory `rel` under `root_fd`, opened one component at a time without
     following links (so depth is never limited by PATH_MAX); the caller closes it."""
     fd = os.dup(root_fd)
     for part in filter(None, rel.split("/")):
         try:
-            nxt = os.open(part, _O_DIR, dir_fd=fd)
+            nxt = os.open(part, O_DIR, dir_fd=fd)
         finally:
             os.close(fd)
         fd = nxt
     return fd
 
 
-def _entry(dir_fd: int, name: str, st: os.stat_result) -> Entry:
+def entry_at(dir_fd: int, name: str, st: os.stat_result) -> Entry:
     """The manifest entry of one node, hashing a file through an fd opened without following
     links and checked to be the node that was listed."""
     kind = kind_of(st.st_mode)
@@ -95,7 +95,7 @@ def _entry(dir_fd: int, name: str, st: os.stat_result) -> Entry:
         return Entry(kind, mode, 0, None, os.readlink(name, dir_fd=dir_fd))
     if kind is not Kind.FILE:
         return Entry(kind, mode)
-    fd = os.open(name, _O_SRC, dir_fd=dir_fd)
+    fd = os.open(name, O_SRC, dir_fd=dir_fd)
     try:
         now = os.fstat(fd)
         if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):

@@ -52,10 +52,10 @@ WATCH_MASK = EVENTS | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK
 READ_SIZE = 64 * 1024  # far above one event's largest size (16 + NAME_MAX + 1, padded)
 # Once everything queued when drain() began is read, read on at most this much more: a busy
 # writer must not keep drain() from returning (the rest is the next drain's).
-_EXTRA = 1024 * 1024
+EXTRA_READ = 1024 * 1024
 _HEADER = struct.Struct("@iIII")  # struct inotify_event: int wd; uint32 mask, cookie, len
-_GONE = (errno.ENOENT, errno.ENOTDIR)  # vanished, or replaced by a file or a symlink
-_EXHAUSTED = (errno.ENOSPC, errno.ENOMEM)
+GONE = (errno.ENOENT, errno.ENOTDIR)  # vanished, or replaced by a file or a symlink
+EXHAUSTED = (errno.ENOSPC, errno.ENOMEM)
 
 
 class WatchUnavailable(Exception):
@@ -113,14 +113,14 @@ def _oserror(filename: bytes | None = None) -> OSError:
     return OSError(err, os.strerror(err), filename)
 
 
-def _init(flags: int) -> int:
+def inotify_init(flags: int) -> int:
     fd: int = _libc().inotify_init1(flags)
     if fd < 0:
         raise _oserror()
     return fd
 
 
-def _add_watch(fd: int, path: bytes, mask: int) -> int:
+def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
     """The watch descriptor of the directory at `path` (the same one again for an inode already
     watched). Raises OSError with the kernel's errno."""
     wd: int = _libc().inotify_add_watch(fd, path, mask)
@@ -129,24 +129,24 @@ def _add_watch(fd: int, path: bytes, mask: int) -> int:
     return wd
 
 
-def _rm_watch(fd: int, wd: int) -> None:
+def inotify_rm_watch(fd: int, wd: int) -> None:
     if _libc().inotify_rm_watch(fd, wd) < 0:
         raise _oserror()
 
 
-def _read(fd: int, size: int) -> bytes:
+def inotify_read(fd: int, size: int) -> bytes:
     """One read of the non-blocking descriptor; BlockingIOError when nothing is queued."""
     return os.read(fd, size)
 
 
-def _pending(fd: int) -> int:
+def pending_bytes(fd: int) -> int:
     """Bytes of events queued right now (FIONREAD)."""
     buf = bytearray(4)
     fcntl.ioctl(fd, termios.FIONREAD, buf, True)
     return int(struct.unpack("@i", buf)[0])
 
 
-def _sysctl(name: str) -> str:
+def sysctl(name: str) -> str:
     try:
         return Path("/proc/sys/fs/inotify", name).read_text().strip()
     except OSError:

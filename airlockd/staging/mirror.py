@@ -3,7 +3,7 @@
 A mirror is a tree in the state directory holding exactly what a run at that clearance may see
 (withheld files never enter it), plus a *stat cache*: for each node the `lstat` data it was copied
 with (size, mtime_ns, ctime_ns, inode, mode), its SHA-256 and its withheld verdict. A refresh
-walks the workspace with the copy stager's own decisions (`staging._Stager`: the same withhold
+walks the workspace with the copy stager's own decisions (`copy.StagingWalk`: the same withhold
 patterns, labels, content detectors, symlink and special-file rules) but reads, scans, hashes and
 writes a file only when its stat data differs from the cache. As in git's index, an entry whose
 mtime or ctime is not older than the stamp taken when it was cached is "racy": loading the cache
@@ -41,15 +41,15 @@ from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging.copy import StageResult, StagingError, Withheld
+from airlockd.staging.fdtree import O_DIR
 from airlockd.staging.mirrorstager import (
-    _O_DIR,
-    _TMP,
     FORMAT,
+    TMP,
     Cached,
     MirrorStager,
     RefreshStats,
-    _unlink_quietly,
     refresh_failed,
+    unlink_quietly,
 )
 from airlockd.staging.mirrorstager import dump as dump_cache
 from airlockd.staging.mirrorstager import load as load_cache_bytes
@@ -305,12 +305,12 @@ class Mirror:
         try:
             tree.mkdir(mode=0o700, exist_ok=True)
             (tree.parent / "tmp").mkdir(mode=0o700, exist_ok=True)
-            stager.tmp = os.open(tree.parent / "tmp", _O_DIR)
-            dst_root = os.open(tree, _O_DIR)
+            stager.tmp = os.open(tree.parent / "tmp", O_DIR)
+            dst_root = os.open(tree, O_DIR)
             try:
                 stager.run(src_root, dst_root)
                 stager.remove_stale(dst_root, iter(old_paths))
-                _unlink_quietly(stager.tmp, _TMP)
+                unlink_quietly(stager.tmp, TMP)
                 stager._settle(dst_root, os.fstat(src_root))
             finally:
                 os.close(dst_root)

@@ -1,6 +1,6 @@
 """The mirror's stat cache and the stager that refreshes a mirror by it (pipeline/mirror.py).
 
-`MirrorStager` is `staging._Stager` writing into an existing mirror: it `lstat`s each file and,
+`MirrorStager` is `copy.StagingWalk` writing into an existing mirror: it `lstat`s each file and,
 when the cache vouches for it (same size, mtime_ns, ctime_ns, inode and mode; never a racy line),
 takes the cached SHA-256 and withheld verdict without opening it. Otherwise it reads, scans and
 hashes the file once and writes it under a temporary name renamed over the mirror's (a new inode,
@@ -23,22 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.staging.copy import (
-    _O_DIR,
-    _O_SRC,
-    CHUNK,
-    READ_WHOLE,
-    StageResult,
-    StagingError,
-    _os_rule,
-    _read_all,
-    _Stager,
-    _write_all,
-)
+from airlockd.staging.copy import READ_WHOLE, StageResult, StagingError, StagingWalk, os_rule
+from airlockd.staging.fdtree import CHUNK, O_DIR, O_SRC, read_all, write_all
 
 FORMAT = 1  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
 _O_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_TMP = ".airlockd-mirror-tmp"
+TMP = ".airlockd-mirror-tmp"
 
 Key = tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, inode, st_mode
 
@@ -81,8 +71,8 @@ class RefreshStats:
     seconds: float = 0.0
 
 
-class MirrorStager(_Stager):
-    """`_Stager` writing into an existing mirror, skipping what the stat cache vouches for."""
+class MirrorStager(StagingWalk):
+    """`StagingWalk` writing into an existing mirror, skipping what the stat cache vouches for."""
 
     def __init__(self, *args: Any, cache: dict[str, Cached]) -> None:
         super().__init__(*args)
@@ -107,13 +97,13 @@ class MirrorStager(_Stager):
 
     def _enter_existing(self, src: int, dst: int, rel: str, name: str) -> tuple[int, int] | None:
         try:
-            child_src = os.open(name, _O_DIR, dir_fd=src)
+            child_src = os.open(name, O_DIR, dir_fd=src)
         except OSError as exc:
-            self._skip(rel, _os_rule(exc))
+            self._skip(rel, os_rule(exc))
             return None
         try:
             st = os.fstat(child_src)
-            child_dst = os.open(name, _O_DIR, dir_fd=dst)
+            child_dst = os.open(name, O_DIR, dir_fd=dst)
         except BaseException:
             os.close(child_src)
             raise
@@ -140,9 +130,9 @@ class MirrorStager(_Stager):
                 self._count(hit.entry.size)
             return
         try:
-            fd = os.open(name, _O_SRC, dir_fd=src)
+            fd = os.open(name, O_SRC, dir_fd=src)
         except OSError as exc:
-            self._skip(rel, _os_rule(exc))
+            self._skip(rel, os_rule(exc))
             return
         try:
             try:
@@ -155,19 +145,19 @@ class MirrorStager(_Stager):
             except OSError as exc:
                 if isinstance(exc, _WriteError):
                     raise exc.__cause__ or exc from None
-                self._skip(rel, _os_rule(exc))
+                self._skip(rel, os_rule(exc))
                 return
         finally:
             os.close(fd)
         old = self.old.get(rel)
         if entry is None:
             self.new[rel] = Cached(_key(st), None, rule)
-            _unlink_quietly(self.tmp, _TMP)
+            unlink_quietly(self.tmp, TMP)
             self._withhold(rel, rule or "detector:?", data)
             self._drop(dst, name)
             return
         if old is not None and old.entry is not None and old.entry == entry and self._same_node(dst, name, st):
-            _unlink_quietly(self.tmp, _TMP)  # same bytes and mode: keep the mirror's inode
+            unlink_quietly(self.tmp, TMP)  # same bytes and mode: keep the mirror's inode
         else:
             self._replace(dst, name)
             self.stats.written += 1
@@ -185,16 +175,16 @@ class MirrorStager(_Stager):
     def _read_scan(self, fd: int, dst: int, st: os.stat_result) -> tuple[Entry | None, str | None, bytes | None]:
         """Read, scan and hash one file into the temporary name in `dst` (one buffer, or streamed
         for big files). (entry, None, None) when it may enter; (None, rule, data) when withheld."""
-        _unlink_quietly(self.tmp, _TMP)
+        unlink_quietly(self.tmp, TMP)
         h = hashlib.sha256()
         size = 0
         try:
-            out = os.open(_TMP, _O_TMP, 0o600, dir_fd=self.tmp)
+            out = os.open(TMP, _O_TMP, 0o600, dir_fd=self.tmp)
         except OSError as exc:
             raise _WriteError() from exc
         try:
             if st.st_size <= READ_WHOLE:
-                data = _read_all(fd, st.st_size)
+                data = read_all(fd, st.st_size)
                 hit = self.scanner.first_hit(data)
                 if hit is not None:
                     return None, f"detector:{hit}", data
@@ -223,7 +213,7 @@ class MirrorStager(_Stager):
     @staticmethod
     def _write(out: int, data: bytes) -> None:
         try:
-            _write_all(out, data)
+            write_all(out, data)
         except OSError as exc:
             raise _WriteError() from exc
 
@@ -236,11 +226,11 @@ class MirrorStager(_Stager):
         except OSError:
             have = None
         if have != target:
-            _unlink_quietly(self.tmp, _TMP)
-            os.symlink(target, _TMP, dir_fd=self.tmp)
+            unlink_quietly(self.tmp, TMP)
+            os.symlink(target, TMP, dir_fd=self.tmp)
             if self.owner is not None:
-                os.chown(_TMP, *self.owner, dir_fd=self.tmp, follow_symlinks=False)
-            os.utime(_TMP, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=self.tmp, follow_symlinks=False)
+                os.chown(TMP, *self.owner, dir_fd=self.tmp, follow_symlinks=False)
+            os.utime(TMP, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=self.tmp, follow_symlinks=False)
             self._replace(dst, name)
             self.stats.written += 1
         self.result.base[rel] = entry
@@ -250,12 +240,12 @@ class MirrorStager(_Stager):
     def _replace(self, dst: int, name: str) -> None:
         """Move the temporary node over `name` in `dst`: a new inode, never an in-place write."""
         try:
-            os.rename(_TMP, name, src_dir_fd=self.tmp, dst_dir_fd=dst)
+            os.rename(TMP, name, src_dir_fd=self.tmp, dst_dir_fd=dst)
         except OSError as exc:
             if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                 raise
             shutil.rmtree(name, dir_fd=dst)  # a directory was here: the file replaces it
-            os.rename(_TMP, name, src_dir_fd=self.tmp, dst_dir_fd=dst)
+            os.rename(TMP, name, src_dir_fd=self.tmp, dst_dir_fd=dst)
 
     def _drop(self, dst: int, name: str) -> None:
         """Remove `name` from the mirror directory `dst`, whatever it is; quiet if absent."""
@@ -313,7 +303,7 @@ def _kind(st: os.stat_result) -> str:
     return kind_of(st.st_mode).value
 
 
-def _unlink_quietly(dir_fd: int, name: str) -> None:
+def unlink_quietly(dir_fd: int, name: str) -> None:
     with suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
 
@@ -322,7 +312,7 @@ def _open_rel(root: int, rel: str) -> int:
     fd = os.dup(root)
     for part in filter(None, rel.split("/")):
         try:
-            nxt = os.open(part, _O_DIR, dir_fd=fd)
+            nxt = os.open(part, O_DIR, dir_fd=fd)
         finally:
             os.close(fd)
         fd = nxt

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Entry, Manifest, diff
-from airlockd.staging.copy import _O_DIR, StagingError, _entry, _walk
+from airlockd.staging.copy import StagingError
+from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
 
 if TYPE_CHECKING:
     from airlockd.staging.stagers import Base
@@ -46,7 +47,7 @@ def is_whiteout(st: os.stat_result) -> bool:
 
 
 def _opaque(dir_fd: int, name: str) -> bool:
-    fd = os.open(name, _O_DIR, dir_fd=dir_fd)
+    fd = os.open(name, O_DIR, dir_fd=dir_fd)
     try:
         return os.getxattr(fd, OPAQUE) == b"y"
     except OSError:
@@ -62,15 +63,15 @@ def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
     whiteouts: list[str] = []
     opaque: list[str] = []
     try:
-        root_fd = os.open(upper, _O_DIR)
+        root_fd = os.open(upper, O_DIR)
         try:
-            for fd, rel, de in _walk(root_fd):
+            for fd, rel, de in walk_fds(root_fd):
                 try:
                     st = de.stat(follow_symlinks=False)
                     if is_whiteout(st):
                         whiteouts.append(rel)
                         continue
-                    after[rel] = _entry(fd, de.name, st)
+                    after[rel] = entry_at(fd, de.name, st)
                     if stat.S_ISDIR(st.st_mode) and _opaque(fd, de.name):
                         opaque.append(rel)
                 except FileNotFoundError:

@@ -3,7 +3,7 @@
 `KeptState` is what a keeper knows of one clearance's mirror: the stat cache, the manifest, the
 withheld and skipped records, a children index and the Merkle digest of the live tree. `apply`
 takes a set of changed paths (pipeline/watcher.py) and re-lists each directory whose entries
-changed with the walk's own code (`_Stager._fill`, so a verdict cannot differ from a walk's),
+changed with the walk's own code (`StagingWalk._fill`, so a verdict cannot differ from a walk's),
 rescans whole only the directories the mirror does not have yet, drops from the mirror what is
 gone, judges every symlink again on the whole manifest (a change elsewhere can make a link
 escape), updates the state and the digest, and returns the `cache.log` line. Nothing unchanged is
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.staging.copy import _O_DIR, StageResult, StagingError, Withheld, _is_text, _open_dir, link_escapes
+from airlockd.staging.copy import StageResult, StagingError, Withheld, is_text, link_escapes
+from airlockd.staging.fdtree import O_DIR, open_dir
 from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
 from airlockd.staging.treedigest import TreeDigest
 from airlockd.staging.watcher import Changes
@@ -119,7 +120,7 @@ class Incremental(MirrorStager):
         """An existing subdirectory whose contents are not in question: its own entry only."""
         name = rel.rpartition("/")[2]
         try:
-            fd = os.open(name, _O_DIR, dir_fd=src)
+            fd = os.open(name, O_DIR, dir_fd=src)
         except OSError:
             return  # raced away: its parent's next re-listing sees that
         try:
@@ -128,7 +129,7 @@ class Incremental(MirrorStager):
             os.close(fd)
         self.result.base[rel] = Entry(Kind.DIR, stat.S_IMODE(st.st_mode))
         try:
-            out = os.open(name, _O_DIR, dir_fd=dst)
+            out = os.open(name, O_DIR, dir_fd=dst)
         except OSError as exc:
             raise Inconsistent(f"the mirror lacks the directory {rel!r}") from exc
         try:
@@ -175,8 +176,8 @@ def apply(
         raise StagingError(f"cannot open workspace {workspace}: {exc.strerror}") from None
     try:
         (tree.parent / "tmp").mkdir(mode=0o700, exist_ok=True)
-        stager.tmp = os.open(tree.parent / "tmp", _O_DIR)
-        dst_root = os.open(tree, _O_DIR)
+        stager.tmp = os.open(tree.parent / "tmp", O_DIR)
+        dst_root = os.open(tree, O_DIR)
         try:
             while dirs:
                 d = min(dirs, key=_depth)
@@ -206,14 +207,14 @@ def _learn(stager: Incremental, src_root: int, rels: list[str]) -> None:
         return
     for rel in rels:
         try:
-            fd = _open_dir(src_root, _parent(rel))
+            fd = open_dir(src_root, _parent(rel))
         except OSError:
             continue  # gone, or no longer under a directory: nothing to learn
         try:
             data = stager._peek(fd, rel.rpartition("/")[2])
         finally:
             os.close(fd)
-        if data is not None and _is_text(data):
+        if data is not None and is_text(data):
             stager.redactor.add_file_values(data.decode("utf-8", "replace"))
 
 
@@ -229,12 +230,12 @@ def _relist(
 ) -> bool:
     """Re-list directory `d`; False when it is no longer a directory of the workspace."""
     try:
-        src = _open_dir(src_root, d)
+        src = open_dir(src_root, d)
     except OSError:
         return False
     try:
         try:
-            dst = _open_dir(dst_root, d)
+            dst = open_dir(dst_root, d)
         except OSError as exc:
             raise Inconsistent(f"the mirror lacks the directory {d!r}") from exc
         try:

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from airlockd.pipeline.classify import _fold
+from airlockd.pipeline.classify import fold
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging import overlay
-from airlockd.staging.copy import _O_DIR, StageResult, StagingError, _entry, _open_dir, _walk, inspect
+from airlockd.staging.copy import StageResult, StagingError, inspect
+from airlockd.staging.fdtree import O_DIR, entry_at, open_dir, walk_fds
 from airlockd.staging.mirror import Mirror, MirrorView
 from airlockd.staging.treedigest import SCHEME, TreeDigest
 
@@ -170,7 +171,7 @@ def _folds(paths: Iterable[str]) -> set[str]:
     out: set[str] = set()
     for p in paths:
         parts = p.split("/")
-        out.update(_fold("/".join(parts[:i])) for i in range(1, len(parts) + 1))
+        out.update(fold("/".join(parts[:i])) for i in range(1, len(parts) + 1))
     return out
 
 
@@ -200,7 +201,7 @@ class ManifestBase:
 
     def twins(self, paths: Iterable[str]) -> list[str]:
         want = _folds(paths)
-        return sorted(p for p in self.manifest if _fold(p) in want) if want else []
+        return sorted(p for p in self.manifest if fold(p) in want) if want else []
 
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
@@ -228,9 +229,9 @@ class LowerBase:
     def _open(self, rel: str) -> int | None:
         """A descriptor of directory `rel` of the lower layer; None when there is none there."""
         try:
-            root = os.open(self.lower, _O_DIR)
+            root = os.open(self.lower, O_DIR)
             try:
-                return _open_dir(root, rel)
+                return open_dir(root, rel)
             finally:
                 os.close(root)
         except OSError as exc:
@@ -256,7 +257,7 @@ class LowerBase:
             self._barren.add(parent)
             return None
         try:
-            entry = _entry(fd, name, os.stat(name, dir_fd=fd, follow_symlinks=False))
+            entry = entry_at(fd, name, os.stat(name, dir_fd=fd, follow_symlinks=False))
         except OSError as exc:
             if exc.errno not in _ABSENT:
                 raise self._error(exc) from None
@@ -277,7 +278,7 @@ class LowerBase:
             return []
         prefix = rel + "/" if rel else ""
         try:
-            out = [prefix + sub for _, sub, _ in _walk(fd)]
+            out = [prefix + sub for _, sub, _ in walk_fds(fd)]
         except OSError as exc:
             raise self._error(exc) from None
         finally:
@@ -293,7 +294,7 @@ class LowerBase:
         for p in paths:
             node = trie
             for part in p.split("/"):
-                node = node.setdefault(_fold(part), {})
+                node = node.setdefault(fold(part), {})
         out: list[str] = []
         root = self._open("") if trie else None
         if root is None:
@@ -304,18 +305,18 @@ class LowerBase:
                 fd, prefix, node = stack.pop()
                 try:
                     with os.scandir(fd) as it:
-                        hits = [(de.name, de.is_dir(follow_symlinks=False), _fold(de.name)) for de in it]
+                        hits = [(de.name, de.is_dir(follow_symlinks=False), fold(de.name)) for de in it]
                     for name, is_dir, key in hits:
                         if key not in node:
                             continue
                         rel = prefix + name
-                        if _fold(rel) in want and not self._is_hidden(rel):
+                        if fold(rel) in want and not self._is_hidden(rel):
                             out.append(rel)
                         sub = node[key]
                         if not (is_dir and sub):
                             continue
                         try:
-                            stack.append((os.open(name, _O_DIR, dir_fd=fd), rel + "/", sub))
+                            stack.append((os.open(name, O_DIR, dir_fd=fd), rel + "/", sub))
                         except OSError as exc:
                             if exc.errno not in _ABSENT:
                                 raise

@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from airlockd.fsutil import under
 from airlockd.staging.inotify import (
-    _EXHAUSTED,
-    _EXTRA,
-    _GONE,
     EVENTS,
+    EXHAUSTED,
+    EXTRA_READ,
+    GONE,
     IN_ATTRIB,
     IN_CLOEXEC,
     IN_CLOSE_WRITE,
@@ -83,13 +84,13 @@ from airlockd.staging.inotify import (
     WATCH_MASK,
     Event,
     WatchUnavailable,
-    _add_watch,
-    _init,
-    _pending,
-    _read,
-    _rm_watch,
-    _sysctl,
+    inotify_add_watch,
+    inotify_init,
+    inotify_read,
+    inotify_rm_watch,
     parse_events,
+    pending_bytes,
+    sysctl,
 )
 
 __all__ = [
@@ -159,11 +160,6 @@ def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-def _under(path: str, top: str) -> bool:
-    """`path` is `top` or below it (`top` is not the root)."""
-    return path == top or path.startswith(top + "/")
-
-
 class TreeWatcher:
     """Watches every directory under `root` and reports what changed between two `drain()` calls.
 
@@ -199,14 +195,14 @@ class TreeWatcher:
         if self._fd is not None or self._closed:
             raise RuntimeError("a TreeWatcher can be started once")
         try:
-            self._fd = _init(IN_NONBLOCK | IN_CLOEXEC)
+            self._fd = inotify_init(IN_NONBLOCK | IN_CLOEXEC)
         except OSError as e:
             raise WatchUnavailable(self._init_reason(e)) from e
         try:
             try:
-                self._root_wd = _add_watch(self._fd, self._root_b, WATCH_MASK)
+                self._root_wd = inotify_add_watch(self._fd, self._root_b, WATCH_MASK)
             except OSError as e:
-                if e.errno in _EXHAUSTED:
+                if e.errno in EXHAUSTED:
                     raise _Exhausted(self._limit_reason(e)) from e
                 raise WatchUnavailable(
                     f"cannot watch the workspace root {self.root}: {e.strerror} (it must be an existing, "
@@ -261,11 +257,11 @@ class TreeWatcher:
         """
         fd = self._require_fd()
         out = Changes()
-        target = _pending(fd) + _EXTRA
+        target = pending_bytes(fd) + EXTRA_READ
         consumed = 0
         while consumed < target:
             try:
-                buf = _read(fd, READ_SIZE)
+                buf = inotify_read(fd, READ_SIZE)
             except BlockingIOError:
                 break
             if not buf:
@@ -345,11 +341,11 @@ class TreeWatcher:
             rel = stack.pop()
             path = self._abs(rel)
             try:
-                wd = _add_watch(fd, path, WATCH_MASK)
+                wd = inotify_add_watch(fd, path, WATCH_MASK)
             except OSError as e:
-                if e.errno in _EXHAUSTED:
+                if e.errno in EXHAUSTED:
                     raise _Exhausted(self._limit_reason(e)) from e
-                if e.errno not in _GONE:
+                if e.errno not in GONE:
                     self._unwatchable.add(rel)  # EACCES, ENAMETOOLONG, ELOOP...: rescanned each drain
                 continue
             old = self._paths.get(wd)
@@ -367,7 +363,7 @@ class TreeWatcher:
                         if is_dir:
                             stack.append(_join(rel, os.fsdecode(entry.name)))
             except OSError as e:
-                if e.errno not in _GONE:
+                if e.errno not in GONE:
                     self._unwatchable.add(rel)  # watched but not listable: walk it again later
                 continue
             self._unwatchable.discard(rel)
@@ -378,7 +374,7 @@ class TreeWatcher:
             # The kernel gave back a watched inode's wd: that directory moved from `old` to `rel`,
             # and the directories watched below it moved with it.
             for other, path in list(self._paths.items()):
-                if _under(path, old):
+                if under(path, old):
                     moved = rel + path[len(old) :]
                     self._paths[other] = moved
                     if self._wds.get(path) == other:
@@ -396,14 +392,14 @@ class TreeWatcher:
         """`top` was deleted or moved away: stop watching it and every watched directory below."""
         fd = self._require_fd()
         for wd, path in list(self._paths.items()):
-            if _under(path, top):
+            if under(path, top):
                 self._unmap(wd)
                 try:
-                    _rm_watch(fd, wd)
+                    inotify_rm_watch(fd, wd)
                 except OSError as e:
                     if e.errno != errno.EINVAL:  # EINVAL: the kernel already dropped it
                         raise
-        self._unwatchable = {rel for rel in self._unwatchable if not _under(rel, top)}
+        self._unwatchable = {rel for rel in self._unwatchable if not under(rel, top)}
 
     def _rewatch_all(self) -> None:
         """After an overflow: watch the whole tree again from scratch, drop watches on directories
@@ -419,7 +415,7 @@ class TreeWatcher:
             return
         for wd in before - set(self._paths):
             try:
-                _rm_watch(fd, wd)
+                inotify_rm_watch(fd, wd)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -443,7 +439,7 @@ class TreeWatcher:
         if e.errno == errno.ENOSPC:
             return (
                 f"inotify watch limit reached ({e.strerror}) after {len(self._paths)} directories under "
-                f"{self.root}: raise fs.inotify.max_user_watches (now {_sysctl('max_user_watches')}), "
+                f"{self.root}: raise fs.inotify.max_user_watches (now {sysctl('max_user_watches')}), "
                 "e.g. `sysctl fs.inotify.max_user_watches=524288`, or close other watchers"
             )
         return f"the kernel could not add an inotify watch under {self.root}: {e.strerror}"
@@ -452,7 +448,7 @@ class TreeWatcher:
         if e.errno == errno.EMFILE:
             return (
                 f"too many inotify instances ({e.strerror}): raise fs.inotify.max_user_instances "
-                f"(now {_sysctl('max_user_instances')}) or close other watchers"
+                f"(now {sysctl('max_user_instances')}) or close other watchers"
             )
         if e.errno == errno.ENFILE:
             return f"the system's open-file limit is reached ({e.strerror}): raise fs.file-max"

@@ -29,7 +29,7 @@ def test_an_exhausted_watch_limit_says_what_to_do(tmp_path: Path, monkeypatch: p
     def full(fd: int, path: bytes, mask: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(watcher, "_add_watch", full)
+    monkeypatch.setattr(watcher, "inotify_add_watch", full)
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "ws").mkdir()
     events = next(c for c in doctor.run_checks(tmp_path / "ws") if c["name"] == "file events")

@@ -247,7 +247,7 @@ def test_parse_events_hand_built_buffer() -> None:
 def test_queue_overflow_reports_everything_and_rewatches_the_tree(
     w: TreeWatcher, ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_read = watcher._read
+    real_read = watcher.inotify_read
     calls = 0
 
     def overflowed(fd: int, size: int) -> bytes:
@@ -264,19 +264,19 @@ def test_queue_overflow_reports_everything_and_rewatches_the_tree(
         return event_bytes(-1, IN_Q_OVERFLOW)
 
     (ws / "lost").mkdir()  # its IN_CREATE is dropped with the overflow
-    monkeypatch.setattr(watcher, "_read", overflowed)
+    monkeypatch.setattr(watcher, "inotify_read", overflowed)
     got = w.drain()
     assert got.everything and got
     assert w.broken is None
     assert "lost" in watched(w)  # the whole tree was watched again
 
-    monkeypatch.setattr(watcher, "_read", real_read)
+    monkeypatch.setattr(watcher, "inotify_read", real_read)
     (ws / "lost" / "f").write_text("x")
     assert w.drain() == Changes(paths={"lost/f"})
 
 
 def test_watch_limit_at_start_raises_watch_unavailable(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = watcher._add_watch
+    real = watcher.inotify_add_watch
     count = 0
 
     def limited(fd: int, path: bytes, mask: int) -> int:
@@ -286,7 +286,7 @@ def test_watch_limit_at_start_raises_watch_unavailable(ws: Path, monkeypatch: py
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return real(fd, path, mask)
 
-    monkeypatch.setattr(watcher, "_add_watch", limited)
+    monkeypatch.setattr(watcher, "inotify_add_watch", limited)
     tw = TreeWatcher(ws)
     with pytest.raises(WatchUnavailable, match="max_user_watches"):
         tw.start()
@@ -298,7 +298,7 @@ def test_watch_limit_during_drain_breaks_the_watcher(w: TreeWatcher, ws: Path, m
     def full(fd: int, path: bytes, mask: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
-    monkeypatch.setattr(watcher, "_add_watch", full)
+    monkeypatch.setattr(watcher, "inotify_add_watch", full)
     (ws / "newdir").mkdir()
     assert w.drain().everything
     assert w.broken is not None and "max_user_watches" in w.broken
@@ -323,7 +323,7 @@ def test_unwatchable_directory_is_a_tree_every_drain_until_it_can_be_watched(
     ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (ws / "locked" / "sub").mkdir(parents=True)
-    real = watcher._add_watch
+    real = watcher.inotify_add_watch
     denied = True
 
     def maybe(fd: int, path: bytes, mask: int) -> int:
@@ -331,7 +331,7 @@ def test_unwatchable_directory_is_a_tree_every_drain_until_it_can_be_watched(
             raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
         return real(fd, path, mask)
 
-    monkeypatch.setattr(watcher, "_add_watch", maybe)
+    monkeypatch.setattr(watcher, "inotify_add_watch", maybe)
     with TreeWatcher(ws) as tw:
         assert "locked" not in watched(tw)
         assert tw.drain().trees == {"locked"}

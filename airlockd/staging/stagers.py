@@ -32,8 +32,6 @@ from typing import Protocol
 
 from airlockd.pipeline.classify import fold
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest
-from airlockd.policy import Level, Policy
-from airlockd.redact import Redactor
 from airlockd.staging import overlay
 from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.fdtree import O_DIR, entry_at, open_dir, walk_fds
@@ -370,65 +368,6 @@ def release(run_dir: Path, is_live: Callable[[str], bool] = lambda r: True) -> N
     m = meta(run_dir)
     if m.get("stager") == OVERLAY and m.get("mirror"):
         Mirror(Path(str(m["mirror"]))).release(run_dir.name, is_live)
-
-
-# -- the overlay stager behind the copy stager's interface (tests, benchmarks) --------------------
-
-_MOUNTED: dict[str, Path] = {}  # merged mount point -> its upper layer
-
-
-def stage_merged(
-    workspace: Path,
-    dest: Path,
-    policy: Policy,
-    clearance: Level,
-    *,
-    owner: tuple[int, int] | None = None,
-    redactor: Redactor | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    mirror_root: Path | None = None,
-) -> StageResult:
-    """`staging.stage` done the overlay way: refresh a mirror (beside `dest` unless given), and
-    mount mirror + a fresh upper layer (on a tmpfs) at `dest` with the kernel. `inspect_merged`
-    then inspects from the upper layer. Needs root."""
-    from airlockd.staging import capfs
-
-    ws = os.path.realpath(workspace)
-    if os.path.commonpath([ws, os.path.realpath(dest)]) == ws:
-        raise StagingError(f"staging destination {dest} is inside the workspace {workspace}")
-    if dest.exists() and (not dest.is_dir() or dest.is_symlink() or any(dest.iterdir())):
-        raise StagingError(f"staging destination {dest} exists and is not an empty directory")
-    mirror = Mirror(mirror_root or dest.parent / f".{dest.name}.mirror")
-    view = mirror.refresh(workspace, policy, clearance, owner=owner, redactor=redactor, progress=progress)
-    layers = dest.parent / f".{dest.name}.layers"
-    capfs.mount(layers)
-    lay = layout(layers, view.tree)
-    prepare(lay, owner)
-    overlay.mount(lay.lower, lay.upper, lay.work, dest)
-    _MOUNTED[str(dest)] = lay.upper
-    return view.result
-
-
-def inspect_merged(dest: Path, base: Manifest | Base) -> ChangeSet:
-    """Inspect a tree `stage_merged` mounted (from its upper layer, against `base`: a manifest or
-    a `Base`, such as the `LowerBase` of its mirror); a plain copy otherwise (a manifest)."""
-    upper = _MOUNTED.get(str(dest))
-    if upper is not None:
-        return overlay.inspect_upper(upper, ManifestBase(base) if isinstance(base, dict) else base)
-    if isinstance(base, ManifestBase):
-        base = base.manifest
-    if not isinstance(base, dict):
-        raise TypeError("a plain copy is inspected against a manifest")
-    return inspect(dest, base)
-
-
-def unmount_merged(dest: Path) -> None:
-    from airlockd.staging import capfs
-
-    upper = _MOUNTED.pop(str(dest), None)
-    overlay.unmount(dest)
-    if upper is not None:
-        capfs.unmount(upper.parent)
 
 
 def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from merged import MOUNTED, stage_merged, unmount_merged
 from test_bench_stage import _change_ten_files
 from treegen import Tree, big_tree
 
@@ -160,10 +161,10 @@ def test_overlay_and_copy_against_baselines(tree: Tree, tmp_path: Path, monkeypa
         # -- overlay inspection: 10 changes through a kernel overlay, the upper layer inspected -----
         merged = work / "merged"
         base = stage(ws, work / "base-copy", policy, Level.INTERNAL).base  # the reference manifest
-        stagers.stage_merged(ws, merged, policy, Level.INTERNAL, owner=AGENT_UID, mirror_root=work / "walked")
+        stage_merged(ws, merged, policy, Level.INTERNAL, owner=AGENT_UID, mirror_root=work / "walked")
         try:
             _change_ten_files(merged, tree)
-            upper = stagers._MOUNTED[str(merged)]
+            upper = MOUNTED[str(merged)]
             gen = walked.current()
             assert gen is not None
             lower = walked.tree(gen)  # what a run asks about its base: the lower layer itself
@@ -175,7 +176,7 @@ def test_overlay_and_copy_against_baselines(tree: Tree, tmp_path: Path, monkeypa
                 fig["sha"].append(_timed(sha(tree.root)))
                 fig["ov_insp"].append(_timed(lambda: overlay.inspect_upper(upper, stagers.LowerBase(lower))))
         finally:
-            stagers.unmount_merged(merged)
+            unmount_merged(merged)
 
         # -- copy fallback: stage() and a full inspect() ------------------------------------------
         results = []

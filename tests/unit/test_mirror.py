@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from merged import inspect_merged, stage_merged, unmount_merged
 
 from airlockd.pipeline.manifest import ChangeKind, scan
 from airlockd.policy import Level, Policy, load_policy
@@ -184,10 +185,9 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
     if why := overlay.unavailable(tmp_path):
         pytest.skip(why)
     from airlockd.pipeline.manifest import diff
-    from airlockd.staging import stagers
 
     merged = tmp_path / "merged"
-    res = stagers.stage_merged(ws, merged, policy, Level.INTERNAL, owner=OWNER)
+    res = stage_merged(ws, merged, policy, Level.INTERNAL, owner=OWNER)
     try:
         import shutil
         import subprocess
@@ -198,7 +198,7 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
             " rm -rf src/d4/f9.py; rm src/d4/f14.py; mkdir src/d4/f14.py"
         )
         subprocess.run(["sh", "-c", script], cwd=merged, check=True)
-        got = stagers.inspect_merged(merged, res.base)
+        got = inspect_merged(merged, res.base)
         assert [(c.path, c.change) for c in got] == [(c.path, c.change) for c in diff(res.base, scan(merged))]
         kinds = {c.path: c.change for c in got}
         assert kinds["src/d3/f3.py"] == ChangeKind.DELETED and kinds["src/d3/new"] == ChangeKind.CREATED
@@ -207,7 +207,7 @@ def test_upper_inspection_matches_a_full_diff(tmp_path: Path, ws: Path, policy: 
         assert "src/d4/f4.py" not in kinds and "src/d0/f0.py" not in kinds
         assert shutil.which("sh")
     finally:
-        stagers.unmount_merged(merged)
+        unmount_merged(merged)
 
 
 def test_live_tree_from_the_refresh_equals_a_full_scan(tmp_path: Path, ws: Path, policy: Policy) -> None:

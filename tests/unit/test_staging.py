@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from merged import MOUNTED, inspect_merged, stage_merged, unmount_merged
 
 from airlockd.pipeline.manifest import ChangeKind, Kind, scan
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import DETECTORS, Redactor
 from airlockd.staging import copy as staging
-from airlockd.staging import stagers
 from airlockd.staging.copy import StagingError, inspect, link_escapes, scan_tree, stage
 from airlockd.staging.secretscan import SecretScanner
 
@@ -41,11 +41,11 @@ def _stager_under_test(stager: str | None, monkeypatch: pytest.MonkeyPatch) -> I
     """Under the overlay stager, `stage` refreshes a mirror and mounts it with a fresh upper layer
     at the destination, and `inspect` reads the upper layer only: the same tests, the other way."""
     if stager == "overlay":
-        monkeypatch.setitem(globals(), "stage", stagers.stage_merged)
-        monkeypatch.setitem(globals(), "inspect", stagers.inspect_merged)
+        monkeypatch.setitem(globals(), "stage", stage_merged)
+        monkeypatch.setitem(globals(), "inspect", inspect_merged)
     yield
-    for dest in list(stagers._MOUNTED):
-        stagers.unmount_merged(Path(dest))
+    for dest in list(MOUNTED):
+        unmount_merged(Path(dest))
 
 
 @pytest.fixture

@@ -13,8 +13,10 @@ from airlockd.pipeline.manifest import ChangeSet, Manifest
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging import capfs, overlay, stagers
+from airlockd.staging.base import Base
 from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.mirror import Mirror
+from airlockd.staging.runbase import ManifestBase
 
 MOUNTED: dict[str, Path] = {}  # merged mount point -> its upper layer
 
@@ -49,13 +51,13 @@ def stage_merged(
     return view.result
 
 
-def inspect_merged(dest: Path, base: Manifest | stagers.Base) -> ChangeSet:
+def inspect_merged(dest: Path, base: Manifest | Base) -> ChangeSet:
     """Inspect a tree `stage_merged` mounted (from its upper layer, against `base`: a manifest or
     a `Base`, such as the `LowerBase` of its mirror); a plain copy otherwise (a manifest)."""
     upper = MOUNTED.get(str(dest))
     if upper is not None:
-        return overlay.inspect_upper(upper, stagers.ManifestBase(base) if isinstance(base, dict) else base)
-    if isinstance(base, stagers.ManifestBase):
+        return overlay.inspect_upper(upper, ManifestBase(base) if isinstance(base, dict) else base)
+    if isinstance(base, ManifestBase):
         base = base.manifest
     if not isinstance(base, dict):
         raise TypeError("a plain copy is inspected against a manifest")

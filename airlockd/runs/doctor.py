@@ -96,15 +96,13 @@ def run_checks(workspace: Path) -> list[Check]:
         from airlockd.state import StateDir
 
         root = StateDir.for_workspace(workspace).ensure().root
-        name, why = stagers.choose(root)
-        if name == stagers.OVERLAY and client is not None:
+        stager = stagers.choose(root)
+        if stager.name == stagers.OVERLAY and client is not None:  # the engine must mount its layers
             from airlockd.sandbox.image import image_tag
 
             if refused := engine_refuses(client, root, image_tag()):
-                return f"copy (full copy per run): the engine refused an overlay volume: {refused}"
-        if name == stagers.OVERLAY:
-            return f"overlay (mirror + per-run upper layer): {why}"
-        return f"copy (full copy per run): {why}"
+                return f"{stagers.CopyStager.summary}: the engine refused an overlay volume: {refused}"
+        return f"{stager.summary}: {stager.why}"
 
     checks.append(_check("stager", staging, "unset AIRLOCK_STAGER, or run airlockd as root on a kernel with overlayfs"))
 

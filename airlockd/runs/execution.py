@@ -18,15 +18,14 @@ from airlockd.evidence.document import live_tree
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline.classify import classify
-from airlockd.pipeline.manifest import save_manifest
 from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
+from airlockd.staging.base import StageRequest
 from airlockd.staging.copy import StageResult, Withheld
-from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
 
 if TYPE_CHECKING:
@@ -46,55 +45,45 @@ def mirror_owner() -> tuple[int, int] | None:
 def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     rec = svc.lifecycle.transition(rec, RunState.STAGING)
     progress("staging", "copying the workspace without withheld files")
-    staging = svc.state.run_dir(rec.id) / "staging"
-    owner = mirror_owner()
-    growth = svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20
+    run_dir = svc.state.run_dir(rec.id)
     capped = capfs.available() is None
     if not capped:
         svc.audit.append(
             "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
         )
-    stager, why = stagers.choose(svc.state.root)
+    stager = stagers.choose(svc.state.root)
     clearance = svc.policy.clearance_for(rec.agent)
-    mirror: dict[str, Any] = {}
-    if stager == stagers.OVERLAY:  # the mirror refreshed, a fresh upper layer on the capped tmpfs
+
+    def refresh() -> MirrorView:
         view = prepared_view(svc, rec, clearance)  # the daemon refreshed it before starting us
-        if view is None:
-            refresh = svc.keeper.refresh if svc.keeper is not None else _walk_mirror(svc)
-            view = refresh(
-                svc.policy,
-                clearance,
-                owner=owner,
-                redactor=svc.redactor,
-                run_id=rec.id,
-                is_live=lambda run_id: run_live(svc, run_id),
-            )
-        result, lay = view.result, stagers.layout(staging, view.tree)
-        if capped:  # the upper layer holds only what the agent writes: `growth` bytes, not one more
-            capfs.mount(staging, growth, inodes=result.files + max(4096, growth // 4096))
-        else:
-            staging.mkdir(exist_ok=True)
-        stagers.prepare(lay, owner)
-        stagers.write_meta(svc.state.run_dir(rec.id), stager, why, view)
-        mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
-        before = len(result.withheld)
-        screening.classify_labels(svc, rec, lay.lower, result, hide=lambda p: stagers.hide(lay, p))
-        # the live tree as the agent's copy was taken (evidence that it stays put while proposed),
-        # as the refresh established it; the model withheld more: digest without it
-        relabelled = len(result.withheld) != before
-        tree = view.live_tree if view.live_tree and not relabelled else stagers.live_tree_of(svc.workspace, result)
-        staged = capfs.used_bytes(staging) if capped else 0
-    else:
-        if capped:
-            capfs.mount(staging)
-        result = copy_stage(svc.workspace, staging, svc.policy, clearance, owner=owner, redactor=svc.redactor)
-        stagers.write_meta(svc.state.run_dir(rec.id), stager, why)
-        screening.classify_labels(svc, rec, staging, result)
-        if capped:  # the agent may add `growth` bytes to what was staged, and not one more
-            capfs.resize(staging, capfs.used_bytes(staging) + growth, inodes=result.files + max(4096, growth // 4096))
-        save_manifest(result.base, svc.state.run_dir(rec.id) / "base.json")
-        tree = live_tree(svc.workspace, [w.path for w in result.withheld])
-        staged = capfs.used_bytes(staging) if capped else result.bytes
+        if view is not None:
+            return view
+        walk = svc.keeper.refresh if svc.keeper is not None else _walk_mirror(svc)
+        return walk(
+            svc.policy,
+            clearance,
+            owner=mirror_owner(),
+            redactor=svc.redactor,
+            run_id=rec.id,
+            is_live=lambda run_id: run_live(svc, run_id),
+        )
+
+    staged = stager.stage(
+        StageRequest(
+            run_dir=run_dir,
+            workspace=svc.workspace,
+            policy=svc.policy,
+            clearance=clearance,
+            owner=mirror_owner(),
+            redactor=svc.redactor,
+            growth=svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20,
+            capped=capped,
+            refresh=refresh,
+            screen=lambda tree, result, hide: screening.classify_labels(svc, rec, tree, result, hide=hide),
+        )
+    )
+    result = staged.result
+    tree = staged.live_tree or live_tree(svc.workspace, [w.path for w in result.withheld])
     withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
     svc.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
     withheld = svc.redactor.value(withheld)
@@ -109,14 +98,14 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         bytes=result.bytes,
         withheld=len(withheld),
         skipped=[{"path": s.path, "rule": s.rule} for s in result.skipped],
-        stager=stager,
-        stager_why=why,
-        mirror=mirror or None,
+        stager=stager.name,
+        stager_why=stager.why,
+        mirror=staged.mirror or None,
     )
 
     def record(r: RunRecord) -> None:
-        r.withheld, r.staged_bytes, r.growth_capped = withheld, staged, capped
-        r.stager = stager
+        r.withheld, r.staged_bytes, r.growth_capped = withheld, staged.staged_bytes, capped
+        r.stager = stager.name
 
     return svc.store.update_run(rec.id, record)
 
@@ -132,7 +121,7 @@ def prepare_view(svc: Service, run_id: str) -> None:
     keeper = svc.keeper
     if keeper is None or keeper.why is not None or screening.labels_on(svc):
         return  # the run's process walks (a label classifier needs the whole base manifest)
-    if stagers.choose(svc.state.root)[0] != stagers.OVERLAY:
+    if not stagers.choose(svc.state.root).uses_mirror:
         return
     clearance = svc.policy.clearance_for(rec.agent)
     view = keeper.refresh(
@@ -195,7 +184,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         run_id=rec.id,
         image=svc.image_for(rec.agent),
         argv=inv.argv,
-        workspace=stagers.staged_root(run_dir),
+        workspace=stagers.for_run(run_dir).staged_root(run_dir),
         limits=cfg.limits,
         stdin_file=inv.stdin_file,
         env=inv.env,
@@ -347,8 +336,9 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     rec = svc.lifecycle.transition(rec, RunState.INSPECTING)
     progress("inspecting", "hashing the staging copy")
     run_dir = svc.state.run_dir(rec.id)
-    base = stagers.run_base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
-    changes = stagers.inspect_run(run_dir, base)  # from the upper layer, or a full rescan
+    stager = stagers.for_run(run_dir)
+    base = stager.base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
+    changes = stager.inspect(run_dir, base)  # from the upper layer, or a full rescan
     withheld = {w["path"] for w in rec.withheld}
     files = []
     for c in classify(changes, svc.policy, withheld, base=base.twins([c.path for c in changes])):
@@ -408,8 +398,6 @@ def run_live(svc: Service, run_id: str) -> bool:
 
 
 def overlay_volume(svc: Service, run_dir: Path) -> OverlayVolume | None:
-    meta = stagers.meta(run_dir)
-    if meta.get("stager") != stagers.OVERLAY:
-        return None
-    lay = stagers.layout(run_dir / "staging", Path(str(meta["lower"])))
-    return OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)
+    """The run's layers as the volume the engine mounts at `/workspace`; None: a bind mount."""
+    lay = stagers.for_run(run_dir).layers(run_dir)
+    return None if lay is None else OverlayVolume(lay.lower, lay.upper, lay.work, lay.options)

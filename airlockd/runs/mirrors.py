@@ -42,7 +42,7 @@ def keep(service: Service) -> bool:
 
 def refresh_all(service: Service, walk: bool = False) -> None:
     """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
-    if service.keeper is None or stagers.choose(service.state.root)[0] != stagers.OVERLAY:
+    if service.keeper is None or not stagers.choose(service.state.root).uses_mirror:
         return
     for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
         service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)

@@ -136,7 +136,7 @@ def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
     """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
     it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
     staging = svc.state.run_dir(rec.id) / "staging"
-    stagers.release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
     if not capfs.is_mount(staging):
         return
     kept = staging.with_name("staging.kept")
@@ -150,7 +150,7 @@ def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
 def cleanup_staging(svc: Service, rec: RunRecord) -> None:
     """Drop a finished run's staging copy (and its capped filesystem)."""
     staging = svc.state.run_dir(rec.id) / "staging"
-    stagers.release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
     if capfs.is_mount(staging):
         capfs.unmount(staging)
     shutil.rmtree(staging, ignore_errors=True)

@@ -174,7 +174,7 @@ class Service:
         few seconds is current enough: a CLI command does not walk the tree twice."""
         now = time.monotonic()
         keeper = self.keeper
-        if keeper is not None and keeper.why is None and stagers.choose(self.state.root)[0] == stagers.OVERLAY:
+        if keeper is not None and keeper.why is None and stagers.choose(self.state.root).uses_mirror:
             # the keeper's refresh reads exactly the withheld files that changed since the last one
             keeper.refresh(self.policy, clearance, owner=execution.mirror_owner(), redactor=self.redactor)
             return
@@ -395,7 +395,8 @@ class Service:
                 (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
             # the container and its overlay are gone, and inspection (which reads the mirror
             # generation as the run's base) is done: the generation may be collected
-            stagers.release(self.state.run_dir(rec.id), lambda run_id: execution.run_live(self, run_id))
+            run_dir = self.state.run_dir(rec.id)
+            stagers.for_run(run_dir).release(run_dir, lambda run_id: execution.run_live(self, run_id))
 
     # -- evidence hooks -----------------------------------------------------------------------
 

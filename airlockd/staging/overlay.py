@@ -15,7 +15,7 @@ across filesystems), so the upper layer holds, exactly:
 The agent cannot forge any of these: making a device needs CAP_MKNOD and setting a trusted.*
 xattr CAP_SYS_ADMIN, both dropped in the container. Hashes are computed only for what the upper
 layer holds and for the lower nodes those paths replace or hide: the base is asked (a
-`stagers.Base`, for a run the lower layer itself) only about the paths the upper layer touches.
+`base.Base`, for a run the lower layer itself) only about the paths the upper layer touches.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from airlockd.staging.copy import StagingError
 from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
 
 if TYPE_CHECKING:
-    from airlockd.staging.stagers import Base
+    from airlockd.staging.base import Base
 
 OPAQUE = "trusted.overlay.opaque"
 # Complete copy-up (no metadata-only copies whose data stays in the lower layer), no directory
@@ -87,8 +87,8 @@ def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
 
 
 def inspect_upper(upper: Path, base: Base) -> ChangeSet:
-    """The changes from `base` (what the lower layer shows: `stagers.LowerBase`, or a manifest's
-    `stagers.ManifestBase`) that the upper layer `upper` makes.
+    """The changes from `base` (what the lower layer shows: `runbase.LowerBase`, or a manifest's
+    `runbase.ManifestBase`) that the upper layer `upper` makes.
 
     Only what the upper layer holds is read and hashed, and the base is asked only about the
     paths the upper layer touches (and, below a whiteout, an opaque directory or a non-directory

@@ -1,41 +1,39 @@
-"""Which stager a run uses, where its proposed content lives, and the overlay stager's layout.
+"""The two stagers behind `base.Stager`, which one a run uses, and the overlay stager's layout.
 
 Two stagers give a run its private `/workspace`:
 
-- "overlay" (preferred): the workspace's mirror (pipeline/mirror.py) as a read-only lower layer,
-  a per-run upper layer and work directory on the run's capped tmpfs (`run_dir/staging`, so the
-  growth cap caps exactly what the agent writes), mounted by the engine as a named volume;
-- "copy" (the fallback): a full copy into `run_dir/staging` (pipeline/staging.py).
+- `OverlayStager` (preferred): the workspace's mirror (staging/mirror.py) as a read-only lower
+  layer, a per-run upper layer and work directory on the run's capped tmpfs (`run_dir/staging`, so
+  the growth cap caps exactly what the agent writes), mounted by the engine as a named volume;
+- `CopyStager` (the fallback): a full copy into `run_dir/staging` (staging/copy.py).
 
 `choose()` picks one per run: AIRLOCK_STAGER=overlay|copy forces it (a forced overlay that cannot
 work is an error, never a silent copy); otherwise overlay whenever `overlay.unavailable()` finds
-nothing against it. `proposed_path()` is the one accessor for "the file the agent proposes" that
-both stagers answer: the upper layer for overlay (copy-up is complete), the copy otherwise.
+nothing against it. The stager records itself in the run's folder; `for_run()` finds it again.
+`proposed_path()` is the one accessor for "the file the agent proposes": the upper layer for
+overlay (copy-up is complete), the copy otherwise.
 
-Inspection asks a `Base` about the run's base, and only about the paths that matter: `run_base()`
-answers from the lower layer itself for overlay runs (`LowerBase`: the mirror generation stays
-referenced until inspection is done, and is exactly the base but for the paths `hide()` recorded),
-from the saved manifest `base.json` for copy runs (`ManifestBase`).
+Inspection asks the run's `Base` only about the paths that matter (staging/runbase.py): the lower
+layer itself for overlay runs (`LowerBase`, less the paths `hide()` recorded), the saved manifest
+`base.json` for copy runs (`ManifestBase`).
 """
 
 from __future__ import annotations
 
-import bisect
-import errno
 import json
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from airlockd.pipeline.classify import fold
-from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest
-from airlockd.staging import overlay
+from airlockd.pipeline.manifest import ChangeSet, load_manifest, save_manifest
+from airlockd.staging import capfs, overlay
+from airlockd.staging.base import Base, Staged, Stager, StageRequest
 from airlockd.staging.copy import StageResult, StagingError, inspect
-from airlockd.staging.fdtree import O_DIR, entry_at, open_dir, walk_fds
+from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import Mirror, MirrorView
+from airlockd.staging.runbase import LowerBase, ManifestBase
 from airlockd.staging.treedigest import SCHEME, TreeDigest
 
 OVERLAY = "overlay"
@@ -45,21 +43,28 @@ _META = "stager.json"
 _HIDDEN = "hidden.jsonl"
 
 
-def choose(state_root: Path) -> tuple[str, str]:
-    """(stager, why) for the next run with state under `state_root`."""
+def choose(state_root: Path) -> Stager:
+    """The stager for the next run with state under `state_root` (its `why` says why)."""
     forced = os.environ.get(ENV, "").strip().lower()
     if forced not in ("", OVERLAY, COPY):
         raise StagingError(f"{ENV}={forced!r} is not a stager", hint=f"use {ENV}=overlay or {ENV}=copy, or unset it")
     if forced == COPY:
-        return COPY, f"forced by {ENV}=copy"
+        return CopyStager(f"forced by {ENV}=copy")
     why = overlay.unavailable(state_root)
     if forced == OVERLAY:
         if why:
             raise StagingError(f"{ENV}=overlay, but overlay staging is unavailable: {why}")
-        return OVERLAY, f"forced by {ENV}=overlay"
+        return OverlayStager(f"forced by {ENV}=overlay")
     if why:
-        return COPY, f"overlay unavailable: {why}"
-    return OVERLAY, "root, kernel overlay with complete copy-up, capped tmpfs for the upper layer"
+        return CopyStager(f"overlay unavailable: {why}")
+    return OverlayStager("root, kernel overlay with complete copy-up, capped tmpfs for the upper layer")
+
+
+def for_run(run_dir: Path) -> Stager:
+    """The stager the run in `run_dir` was staged with (a run that recorded none: the copy)."""
+    m = meta(run_dir)
+    why = str(m.get("why", ""))
+    return OverlayStager(why) if m.get("stager") == OVERLAY else CopyStager(why)
 
 
 @dataclass(frozen=True)
@@ -129,203 +134,9 @@ def meta(run_dir: Path) -> dict[str, object]:
         return {}
 
 
-def stager_of(run_dir: Path) -> str:
-    return str(meta(run_dir).get("stager", COPY))
-
-
-def staged_root(run_dir: Path) -> Path:
-    """The directory that holds what the agent wrote: the upper layer, or the full copy."""
-    staging = run_dir / "staging"
-    return staging / "upper" if stager_of(run_dir) == OVERLAY else staging
-
-
 def proposed_path(run_dir: Path, rel: str) -> Path:
     """Where the proposed content of `rel` (a created or modified file) is, for either stager."""
-    return staged_root(run_dir) / rel
-
-
-# -- the run's base, asked only about the paths that matter ----------------------------------------
-
-
-class Base(Protocol):
-    """A run's base tree, looked up by relative path."""
-
-    def get(self, rel: str) -> Entry | None:
-        """The base entry of `rel`; None when the base has no such path."""
-        ...
-
-    def below(self, rel: str) -> list[str]:
-        """Every base path under directory `rel` (`rel` itself excluded), sorted."""
-        ...
-
-    def twins(self, paths: Iterable[str]) -> list[str]:
-        """The base paths equal, as `classify` folds them for case collisions, to any of `paths`
-        or any of their parent directories, sorted."""
-        ...
-
-
-def _folds(paths: Iterable[str]) -> set[str]:
-    """The folded forms of `paths` and of all their parent directories."""
-    out: set[str] = set()
-    for p in paths:
-        parts = p.split("/")
-        out.update(fold("/".join(parts[:i])) for i in range(1, len(parts) + 1))
-    return out
-
-
-class ManifestBase:
-    """A base given as a manifest (the copy stager's `base.json`; tests)."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
-        self._keys: list[str] | None = None
-
-    def get(self, rel: str) -> Entry | None:
-        return self.manifest.get(rel)
-
-    def below(self, rel: str) -> list[str]:
-        if self._keys is None:
-            self._keys = sorted(self.manifest)
-        keys = self._keys
-        if not rel:
-            return list(keys)
-        prefix = rel + "/"
-        out = []
-        for i in range(bisect.bisect_left(keys, prefix), len(keys)):
-            if not keys[i].startswith(prefix):
-                break
-            out.append(keys[i])
-        return out
-
-    def twins(self, paths: Iterable[str]) -> list[str]:
-        want = _folds(paths)
-        return sorted(p for p in self.manifest if fold(p) in want) if want else []
-
-
-_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
-_Trie = dict[str, "_Trie"]
-
-
-class LowerBase:
-    """The base of an overlay run, read from its lower layer (the run's mirror generation, whose
-    every node is the base's: content, mode and kind) less the paths `hide()` recorded. Each
-    question reads only the nodes it is about, through directory descriptors opened one
-    component at a time without following links: a symlinked directory is never entered, so a
-    path through one is absent, as in a manifest."""
-
-    def __init__(self, lower: Path, hidden: Iterable[str] = ()) -> None:
-        self.lower = lower
-        self.hidden = frozenset(hidden)
-        self._barren: set[str] = set()  # paths known to have nothing below them in the lower
-
-    def _is_hidden(self, rel: str) -> bool:
-        if not self.hidden:
-            return False
-        parts = rel.split("/")
-        return any("/".join(parts[:i]) in self.hidden for i in range(1, len(parts) + 1))
-
-    def _open(self, rel: str) -> int | None:
-        """A descriptor of directory `rel` of the lower layer; None when there is none there."""
-        try:
-            root = os.open(self.lower, O_DIR)
-            try:
-                return open_dir(root, rel)
-            finally:
-                os.close(root)
-        except OSError as exc:
-            if exc.errno in _ABSENT:
-                return None
-            raise self._error(exc) from None
-
-    def _error(self, exc: OSError) -> StagingError:
-        return StagingError(
-            f"cannot read {exc.filename or self.lower} in the mirror generation {self.lower}: {exc.strerror}",
-            hint="the run's lower layer must stay in place until it is inspected",
-        )
-
-    def get(self, rel: str) -> Entry | None:
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or self._is_hidden(rel):
-            return None
-        if any("/".join(parts[:i]) in self._barren for i in range(1, len(parts))):
-            return None
-        parent, _, name = rel.rpartition("/")
-        fd = self._open(parent)
-        if fd is None:
-            self._barren.add(parent)
-            return None
-        try:
-            entry = entry_at(fd, name, os.stat(name, dir_fd=fd, follow_symlinks=False))
-        except OSError as exc:
-            if exc.errno not in _ABSENT:
-                raise self._error(exc) from None
-            self._barren.add(rel)
-            return None
-        finally:
-            os.close(fd)
-        if entry.kind is not Kind.DIR:
-            self._barren.add(rel)
-        return entry
-
-    def below(self, rel: str) -> list[str]:
-        parts = rel.split("/") if rel else []
-        if any(p in ("", ".", "..") for p in parts):
-            return []
-        fd = self._open(rel)
-        if fd is None:
-            return []
-        prefix = rel + "/" if rel else ""
-        try:
-            out = [prefix + sub for _, sub, _ in walk_fds(fd)]
-        except OSError as exc:
-            raise self._error(exc) from None
-        finally:
-            os.close(fd)
-        return sorted(p for p in out if not self._is_hidden(p))
-
-    def twins(self, paths: Iterable[str]) -> list[str]:
-        """Found by descending only the directories along `paths`, matching each name folded:
-        O(depth x fan-out), never the whole tree."""
-        paths = list(paths)
-        want = _folds(paths)
-        trie: _Trie = {}  # folded name -> what to look for below it
-        for p in paths:
-            node = trie
-            for part in p.split("/"):
-                node = node.setdefault(fold(part), {})
-        out: list[str] = []
-        root = self._open("") if trie else None
-        if root is None:
-            return []
-        stack: list[tuple[int, str, _Trie]] = [(root, "", trie)]
-        try:
-            while stack:
-                fd, prefix, node = stack.pop()
-                try:
-                    with os.scandir(fd) as it:
-                        hits = [(de.name, de.is_dir(follow_symlinks=False), fold(de.name)) for de in it]
-                    for name, is_dir, key in hits:
-                        if key not in node:
-                            continue
-                        rel = prefix + name
-                        if fold(rel) in want and not self._is_hidden(rel):
-                            out.append(rel)
-                        sub = node[key]
-                        if not (is_dir and sub):
-                            continue
-                        try:
-                            stack.append((os.open(name, O_DIR, dir_fd=fd), rel + "/", sub))
-                        except OSError as exc:
-                            if exc.errno not in _ABSENT:
-                                raise
-                finally:
-                    os.close(fd)
-        except OSError as exc:
-            raise self._error(exc) from None
-        finally:
-            for fd, _, _ in stack:
-                os.close(fd)
-        return sorted(out)
+    return for_run(run_dir).staged_root(run_dir) / rel
 
 
 def hidden_paths(run_dir: Path) -> list[str]:
@@ -342,32 +153,107 @@ def hidden_paths(run_dir: Path) -> list[str]:
         raise StagingError(f"the run's record of hidden paths is damaged: {exc}") from None
 
 
-def run_base(run_dir: Path) -> Base:
-    """The run's base: its lower layer for an overlay run (never `base.json`, which an overlay
-    run need not have), its saved manifest for a copy run."""
-    m = meta(run_dir)
-    if m.get("stager") == OVERLAY:
+def _inodes(result: StageResult, growth: int) -> int:
+    return result.files + max(4096, growth // 4096)
+
+
+class OverlayStager:
+    """The mirror as the lower layer, a fresh upper layer on the run's capped tmpfs."""
+
+    name = OVERLAY
+    summary = "overlay (mirror + per-run upper layer)"
+    uses_mirror = True
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def stage(self, req: StageRequest) -> Staged:
+        staging = req.run_dir / "staging"
+        view = req.refresh()
+        result, lay = view.result, layout(staging, view.tree)
+        if req.capped:  # the upper layer holds only what the agent writes: `growth` bytes, not one more
+            capfs.mount(staging, req.growth, inodes=_inodes(result, req.growth))
+        else:
+            staging.mkdir(exist_ok=True)
+        prepare(lay, req.owner)
+        write_meta(req.run_dir, self.name, self.why, view)
+        before = len(result.withheld)
+        req.screen(lay.lower, result, lambda p: hide(lay, p))
+        # the live tree as the agent's copy was taken (evidence that it stays put while proposed),
+        # as the refresh established it; the model withheld more: digest without it
+        relabelled = len(result.withheld) != before
+        tree = view.live_tree if view.live_tree and not relabelled else live_tree_of(req.workspace, result)
+        mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
+        return Staged(result, capfs.used_bytes(staging) if req.capped else 0, tree, mirror)
+
+    def staged_root(self, run_dir: Path) -> Path:
+        return run_dir / "staging" / "upper"
+
+    def layers(self, run_dir: Path) -> Layout:
+        return layout(run_dir / "staging", self._lower(run_dir))
+
+    def base(self, run_dir: Path) -> Base:
+        """The lower layer itself (never `base.json`, which an overlay run need not have)."""
+        return LowerBase(self._lower(run_dir), hidden_paths(run_dir))
+
+    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
+        """From the upper layer alone."""
+        return overlay.inspect_upper(self.staged_root(run_dir), base)
+
+    def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
+        """The run's overlay is gone: drop its reference to the mirror generation."""
+        m = meta(run_dir)
+        if m.get("mirror"):
+            Mirror(Path(str(m["mirror"]))).release(run_dir.name, is_live)
+
+    @staticmethod
+    def _lower(run_dir: Path) -> Path:
+        m = meta(run_dir)
         if not m.get("lower"):
             raise StagingError(f"the overlay run in {run_dir} has no lower layer on record")
-        return LowerBase(Path(str(m["lower"])), hidden_paths(run_dir))
-    return ManifestBase(load_manifest(run_dir / "base.json"))
+        return Path(str(m["lower"]))
 
 
-def inspect_run(run_dir: Path, base: Base) -> ChangeSet:
-    """The run's change set: from the upper layer (overlay) or a full rescan (copy, whose base is
-    its `ManifestBase`)."""
-    if stager_of(run_dir) == OVERLAY:
-        return overlay.inspect_upper(run_dir / "staging" / "upper", base)
-    if not isinstance(base, ManifestBase):
-        raise TypeError("a copy run is inspected against its manifest (a ManifestBase)")
-    return inspect(run_dir / "staging", base.manifest)
+class CopyStager:
+    """A full copy of the workspace, withheld files absent, on the run's capped tmpfs."""
 
+    name = COPY
+    summary = "copy (full copy per run)"
+    uses_mirror = False
 
-def release(run_dir: Path, is_live: Callable[[str], bool] = lambda r: True) -> None:
-    """The run's overlay is gone: drop its reference to the mirror generation (idempotent)."""
-    m = meta(run_dir)
-    if m.get("stager") == OVERLAY and m.get("mirror"):
-        Mirror(Path(str(m["mirror"]))).release(run_dir.name, is_live)
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def stage(self, req: StageRequest) -> Staged:
+        staging = req.run_dir / "staging"
+        if req.capped:
+            capfs.mount(staging)
+        result = copy_stage(req.workspace, staging, req.policy, req.clearance, owner=req.owner, redactor=req.redactor)
+        write_meta(req.run_dir, self.name, self.why)
+        req.screen(staging, result, None)
+        if req.capped:  # the agent may add `growth` bytes to what was staged, and not one more
+            capfs.resize(staging, capfs.used_bytes(staging) + req.growth, inodes=_inodes(result, req.growth))
+        save_manifest(result.base, req.run_dir / "base.json")
+        return Staged(result, capfs.used_bytes(staging) if req.capped else result.bytes)
+
+    def staged_root(self, run_dir: Path) -> Path:
+        return run_dir / "staging"
+
+    def layers(self, run_dir: Path) -> None:
+        return None
+
+    def base(self, run_dir: Path) -> Base:
+        """The manifest saved when the run was staged."""
+        return ManifestBase(load_manifest(run_dir / "base.json"))
+
+    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
+        """A full rescan of the copy against its manifest."""
+        if not isinstance(base, ManifestBase):
+            raise TypeError("a copy run is inspected against its manifest (a ManifestBase)")
+        return inspect(self.staged_root(run_dir), base.manifest)
+
+    def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
+        """Nothing outside the run's folder to let go of."""
 
 
 def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:

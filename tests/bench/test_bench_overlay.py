@@ -45,6 +45,7 @@ from airlockd.staging import capfs, overlay, stagers
 from airlockd.staging.copy import inspect, stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for
+from airlockd.staging.runbase import LowerBase, ManifestBase
 
 ROUNDS = 3
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -168,13 +169,13 @@ def test_overlay_and_copy_against_baselines(tree: Tree, tmp_path: Path, monkeypa
             gen = walked.current()
             assert gen is not None
             lower = walked.tree(gen)  # what a run asks about its base: the lower layer itself
-            changes = overlay.inspect_upper(upper, stagers.LowerBase(lower))
+            changes = overlay.inspect_upper(upper, LowerBase(lower))
             assert len(changes) == 10, [(c.path, c.change) for c in changes]
-            assert changes == overlay.inspect_upper(upper, stagers.ManifestBase(base))
+            assert changes == overlay.inspect_upper(upper, ManifestBase(base))
             sha(tree.root)()
             for _ in range(ROUNDS):
                 fig["sha"].append(_timed(sha(tree.root)))
-                fig["ov_insp"].append(_timed(lambda: overlay.inspect_upper(upper, stagers.LowerBase(lower))))
+                fig["ov_insp"].append(_timed(lambda: overlay.inspect_upper(upper, LowerBase(lower))))
         finally:
             unmount_merged(merged)
 

@@ -16,9 +16,9 @@ import pytest
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, diff, save_manifest, scan
 from airlockd.policy import Decision, load_policy
-from airlockd.staging import overlay, stagers
+from airlockd.staging import overlay, runbase, stagers
 from airlockd.staging.copy import StagingError
-from airlockd.staging.stagers import LowerBase, ManifestBase
+from airlockd.staging.runbase import LowerBase, ManifestBase
 
 
 def write(root: Path, rel: str, data: str = "x\n", mode: int | None = None) -> None:
@@ -191,7 +191,7 @@ def test_twins_list_only_the_directories_along_the_paths(cased: Path, monkeypatc
         listed.append(fd)
         return real(fd)
 
-    monkeypatch.setattr(stagers.os, "scandir", counting)
+    monkeypatch.setattr(runbase.os, "scandir", counting)
     LowerBase(cased).twins(["a/b/d/e.py"])
     # the root, a and A, their b and B (three), then d and D under a/b only
     assert len(listed) == 1 + 2 + 3 + 2
@@ -242,17 +242,17 @@ def test_run_base_of_an_overlay_run_reads_the_lower_and_never_base_json(tmp_path
     lay.upper.mkdir(parents=True)
     (run_dir / "stager.json").write_text(json.dumps({"stager": "overlay", "why": "test", "lower": str(lower)}))
     (run_dir / "base.json").write_text("not json: an overlay run never reads it")
-    base = stagers.run_base(run_dir)
+    base = stagers.for_run(run_dir).base(run_dir)
     assert isinstance(base, LowerBase) and base.get("src/app.py") is not None and not base.hidden
     (run_dir / "base.json").unlink()
     with open(lay.hidden, "w") as fh:
         fh.write(json.dumps("secret/key.txt") + "\n" + json.dumps("bad\udcffname") + "\n")
-    base = stagers.run_base(run_dir)
+    base = stagers.for_run(run_dir).base(run_dir)
     assert isinstance(base, LowerBase) and base.hidden == {"secret/key.txt", "bad\udcffname"}
     assert base.get("secret/key.txt") is None
     lay.hidden.write_text("{broken\n")
     with pytest.raises(StagingError):
-        stagers.run_base(run_dir)
+        stagers.for_run(run_dir).base(run_dir)
 
 
 def test_run_base_of_a_copy_run_is_its_manifest(tmp_path: Path, lower: Path) -> None:
@@ -260,7 +260,7 @@ def test_run_base_of_a_copy_run_is_its_manifest(tmp_path: Path, lower: Path) -> 
     run_dir.mkdir()
     stagers.write_meta(run_dir, stagers.COPY, "test")
     save_manifest(scan(lower), run_dir / "base.json")
-    base = stagers.run_base(run_dir)
+    base = stagers.for_run(run_dir).base(run_dir)
     assert isinstance(base, ManifestBase) and base.manifest == scan(lower)
 
 
@@ -338,8 +338,8 @@ def test_inspect_run_of_an_overlay_run(mounted: tuple[stagers.Layout, Path], tmp
     run_dir.mkdir()
     (run_dir / "staging").symlink_to(lay.upper.parent)
     (run_dir / "stager.json").write_text(json.dumps({"stager": "overlay", "why": "test", "lower": str(lay.lower)}))
-    base = stagers.run_base(run_dir)
+    base = stagers.for_run(run_dir).base(run_dir)
     assert isinstance(base, LowerBase) and base.hidden == {"secret/key.txt"}
-    changes = stagers.inspect_run(run_dir, base)
+    changes = stagers.for_run(run_dir).inspect(run_dir, base)
     assert [(c.path, c.change) for c in changes] == [("src/app.py", ChangeKind.MODIFIED)]
     assert base.twins([c.path for c in changes]) == ["src", "src/app.py"]

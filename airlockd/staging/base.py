@@ -1,0 +1,118 @@
+"""The one interface the run lifecycle stages through: `Stager`, and the run's base tree, `Base`.
+
+Two stagers implement it (staging/stagers.py): the overlay (the workspace's mirror as a read-only
+lower layer, a per-run upper layer) and the full copy. `stagers.choose()` picks one for a new run,
+`stagers.for_run()` finds the one a run was staged with; the lifecycle never asks which it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from airlockd.pipeline.manifest import ChangeSet, Entry
+from airlockd.policy import Level, Policy
+from airlockd.redact import Redactor
+from airlockd.staging.copy import StageResult
+
+if TYPE_CHECKING:
+    from airlockd.staging.mirror import MirrorView
+    from airlockd.staging.stagers import Layout
+
+# label screening of what was staged: (the staged tree to read, its result, how to take a path
+# out of it, or None where removing the staged file is enough); it adds to `result.withheld`
+Screen = Callable[[Path, StageResult, "Callable[[str], None] | None"], None]
+
+
+@dataclass
+class StageRequest:
+    """What staging one run needs from the lifecycle."""
+
+    run_dir: Path  # the run's folder: the staging goes to `run_dir / "staging"`
+    workspace: Path
+    policy: Policy
+    clearance: Level
+    owner: tuple[int, int] | None  # who the staged nodes belong to (the agent's user, as root)
+    redactor: Redactor
+    growth: int  # bytes the agent may add to what was staged
+    capped: bool  # whether the staging lives on a size-capped tmpfs (staging/capfs.py)
+    refresh: Callable[[], MirrorView]  # the mirror refreshed and referenced for the run (overlay)
+    screen: Screen
+
+
+@dataclass
+class Staged:
+    """What staging a run established."""
+
+    result: StageResult
+    staged_bytes: int  # what the staging holds before the agent starts
+    live_tree: dict[str, object] | None = None  # the workspace's digest as staged, when known
+    mirror: dict[str, object] = field(default_factory=dict)  # the mirror refresh's figures
+
+
+class Base(Protocol):
+    """A run's base tree, looked up by relative path."""
+
+    def get(self, rel: str) -> Entry | None:
+        """The base entry of `rel`; None when the base has no such path."""
+        ...
+
+    def below(self, rel: str) -> list[str]:
+        """Every base path under directory `rel` (`rel` itself excluded), sorted."""
+        ...
+
+    def twins(self, paths: Iterable[str]) -> list[str]:
+        """The base paths equal, as `classify` folds them for case collisions, to any of `paths`
+        or any of their parent directories, sorted."""
+        ...
+
+
+class Stager(Protocol):
+    """How a run gets its private `/workspace`, and how what the agent did there is read back.
+    Every method but `stage` takes the run's folder, where the stager recorded itself."""
+
+    @property
+    def name(self) -> str:
+        """ "overlay" or "copy", as the run records it."""
+        ...
+
+    @property
+    def why(self) -> str:
+        """Why this stager was chosen (forced, or what ruled the overlay out)."""
+        ...
+
+    @property
+    def summary(self) -> str:
+        """The stager in a few words, for `airlockd doctor`."""
+        ...
+
+    @property
+    def uses_mirror(self) -> bool:
+        """Whether it stages from the workspace's mirror (so the mirror keeper serves it)."""
+        ...
+
+    def stage(self, req: StageRequest) -> Staged:
+        """Give the run its staging, withheld files absent; records the stager in `req.run_dir`."""
+        ...
+
+    def staged_root(self, run_dir: Path) -> Path:
+        """The directory that holds what the agent wrote (the upper layer, or the full copy)."""
+        ...
+
+    def layers(self, run_dir: Path) -> Layout | None:
+        """The layers the engine mounts as the run's `/workspace`; None: `staged_root` is bound."""
+        ...
+
+    def base(self, run_dir: Path) -> Base:
+        """The run's base, asked only about the paths that matter."""
+        ...
+
+    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
+        """What the agent changed, computed from the staging itself."""
+        ...
+
+    def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
+        """The run's staging is done with: drop what it holds elsewhere (idempotent)."""
+        ...

@@ -25,7 +25,7 @@ import itertools
 import os
 import signal
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,14 +49,13 @@ from airlockd.pipeline.journal import (
     roll_back,
     temp_name,
 )
-from airlockd.pipeline.manifest import Change, Entry, Kind, display
+from airlockd.pipeline.manifest import Entry, Kind, display
 
 __all__ = [
     "CommitResult",
     "FileOp",
     "Recovery",  # recover() lives with the journal it replays; the service imports it from here
     "commit",
-    "ops_from_changes",
     "recover",
     "undo",
     "undo_ops",
@@ -81,19 +80,6 @@ class CommitResult:
     txid: str
     applied: list[str]
     backup_dir: Path
-
-
-def ops_from_changes(changes: Iterable[Change], staging: Path) -> list[FileOp]:
-    """FileOps for an inspected change set, new content read from `staging`. Touches nothing."""
-    return [
-        FileOp(
-            c.path,
-            c.before,
-            c.after,
-            staging / c.path if c.after is not None and c.after.kind is Kind.FILE else None,
-        )
-        for c in changes
-    ]
 
 
 def commit(

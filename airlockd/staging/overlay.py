@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airlockd.pipeline.manifest import ChangeSet, Entry, Manifest, diff
+from airlockd.pipeline.manifest import ChangeSet, Manifest, diff
 from airlockd.staging.copy import StagingError
 from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
 
@@ -111,10 +111,6 @@ def inspect_upper(upper: Path, base: Base) -> ChangeSet:
             b[p] = e
     a = {p: after[p] for p in touched if p in after}
     return diff(b, a)
-
-
-def base_entry(base: Manifest, rel: str) -> Entry | None:
-    return base.get(rel)
 
 
 # -- availability and mounts ----------------------------------------------------------------------

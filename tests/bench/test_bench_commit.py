@@ -19,7 +19,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from airlockd.pipeline.commit import commit, ops_from_changes
+from commitops import ops_from_changes
+
+from airlockd.pipeline.commit import commit
 from airlockd.pipeline.manifest import diff, scan
 
 FILES, DIRS, SIZE, ROUNDS = 1000, 20, 10 * 1024, 3

@@ -9,11 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from commitops import ops_from_changes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airlockd.errors import CommitError, ConflictError, NotFoundError
-from airlockd.pipeline.commit import FileOp, commit, ops_from_changes, recover, undo, undo_ops
+from airlockd.pipeline.commit import FileOp, commit, recover, undo, undo_ops
 from airlockd.pipeline.journal import RECORD, TMP_PREFIX, Journal
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, diff, entry_for, scan
 

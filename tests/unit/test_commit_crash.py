@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from commitops import ops_from_changes
 
-from airlockd.pipeline.commit import FileOp, commit, ops_from_changes, recover, undo_ops
+from airlockd.pipeline.commit import FileOp, commit, recover, undo_ops
 from airlockd.pipeline.manifest import Manifest, diff, scan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,10 +1,10 @@
 """A fork server for the processes that carry runs, so a run does not pay for Python's start-up.
 
-The daemon carries each run in a process of its own (`runs/carrier.py`), so copying,
-hashing and the container's watch never compete with its event loop for the interpreter. Starting
-that process costs about 0.3 s before it does anything (the interpreter, then importing pydantic,
-the Docker SDK and airlockd), as much as a whole `docker run` of a no-op container. The launcher
-pays it once: the daemon starts `python -m airlockd.runs.launcher` beside itself, which imports everything a run
+The daemon carries each run in a process of its own (`runs/carrier.py`), so copying, hashing and
+the container's watch never compete with its event loop for the interpreter. Starting that process
+costs about 0.3 s before it does anything (the interpreter, then importing pydantic, the Docker SDK
+and airlockd), as much as a whole `docker run` of a no-op container. The launcher pays it once: the
+daemon starts `python -m airlockd.runs.launcher` beside itself, which imports everything a run
 needs and then forks one run process per request.
 
 Protocol, over a `SOCK_SEQPACKET` socket pair (one message per datagram): the daemon sends
@@ -38,6 +38,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _MAX_MSG = 1 << 16
+MODULE = "airlockd.runs.launcher"  # `python -m MODULE`: the launcher process
 
 
 # -- the launcher process -------------------------------------------------------------------------
@@ -56,7 +57,8 @@ def _warm(workspace: Path) -> None:
 
 
 def serve(fd: int, workspace: Path) -> int:
-    """`python -m airlockd.runs.launcher --fd FD`: fork a run process per request on socket FD until it closes."""
+    """`python -m airlockd.runs.launcher --fd FD`: fork a run process per request on socket FD
+    until it closes."""
     _warm(workspace)
     sock = socket.socket(fileno=fd)
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
@@ -157,7 +159,7 @@ class Launcher:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                __name__,
+                MODULE,
                 "--workspace",
                 str(workspace),
                 "--fd",
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m airlockd.runs.launcher --workspace W --fd FD` (the daemon starts it)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m airlockd.runs.launcher")
+    p = argparse.ArgumentParser(prog="python -m " + MODULE)
     p.add_argument("--workspace", required=True)
     p.add_argument("--fd", type=int, required=True)
     args = p.parse_args(argv)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import airlockd
 from airlockd import __version__
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +101,11 @@ def venv(uid: int) -> Iterator[Path]:
             capture_output=True,
             text=True,
         ).stdout.strip()
-        Path(purelib, "test-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        # the package this test imports first (an editable install's source tree: its site-packages
+        # hold only `airlockd/_data`, and a .pth inside a path added by a .pth is not read), then
+        # this interpreter's packages
+        source = Path(airlockd.__file__).resolve().parent.parent
+        Path(purelib, "test-packages.pth").write_text(f"{source}\n{sysconfig.get_paths()['purelib']}\n")
         entry = root / "bin" / "airlockd"
         entry.write_text(f"#!{root}/bin/python\nimport sys\nfrom airlockd.cli import main\nsys.exit(main())\n")
         entry.chmod(0o755)

@@ -43,3 +43,9 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+# The state's file locks are held for a few milliseconds at a time (by runs, the daemon, the CLI): a
+# waiter looks again every 2 ms, not filelock's default 50 ms, which a run paid several times over
+# whenever a daemon read the store meanwhile.
+LOCK_POLL_S = 0.002

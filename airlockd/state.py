@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 
 def state_root() -> Path:
@@ -16,9 +16,9 @@ def state_root() -> Path:
     return Path(base) / "airlockd"
 
 
-@dataclass(frozen=True)
-class StateDir:
-    """The per-workspace state directory and the fixed names inside it."""
+class StateDir(NamedTuple):
+    """The per-workspace state directory and the fixed names inside it. (A NamedTuple, not a
+    dataclass: the CLI's start-up, which reads it, does not pay for importing `dataclasses`.)"""
 
     workspace: Path
     root: Path

@@ -18,7 +18,7 @@ from tinydb import Query, TinyDB
 from tinydb.storages import Storage
 
 from airlockd.errors import NotFoundError, UsageError
-from airlockd.fsutil import atomic_write_bytes
+from airlockd.fsutil import LOCK_POLL_S, atomic_write_bytes
 from airlockd.records import AgentUsage, RunRecord
 from airlockd.state import StateDir
 
@@ -51,7 +51,7 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[TinyDB]:
         """An exclusive transaction: what it writes lands atomically when it ends."""
-        with self._lock:
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
             db = TinyDB(self.state.store, storage=_SnapshotStorage)
             try:
                 yield db

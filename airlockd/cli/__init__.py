@@ -42,6 +42,7 @@ def _service(args: argparse.Namespace, *, recover: bool = False) -> Any:
     interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
     from airlockd.runs.service import Service
 
+    _log_to_stderr(args)
     svc = Service(Path(args.workspace), actor="cli")
     return svc.recover() if recover else svc
 
@@ -592,6 +593,26 @@ def _emit(result: Any, as_json: bool) -> int:
     return 0
 
 
+# The commands a daemon serving the workspace decides: importing the service (or even `logging`)
+# is left to the path that acts alone, so that going to the daemon starts in milliseconds.
+_ROUTED = frozenset({"run", "approve", "reject", "undo", "stop", "kill", "release"})
+
+
+def _log_to_stderr(args: argparse.Namespace) -> None:
+    """Log to stderr, every line masked with what this process knows (once)."""
+    import logging
+
+    from airlockd.redact import install_log_redaction
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING,
+            stream=sys.stderr,
+            format="airlockd: %(levelname)s %(name)s: %(message)s",
+        )
+    install_log_redaction()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -601,19 +622,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.workspace = getattr(args, "workspace", None) or os.getcwd()
     args.json = getattr(args, "json", False)
     args.no_daemon = getattr(args, "no_daemon", False)
-    import logging
-
-    from airlockd.redact import install_log_redaction, scrub
-
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        stream=sys.stderr,
-        format="airlockd: %(levelname)s %(name)s: %(message)s",
-    )
-    install_log_redaction()
+    if args.command not in _ROUTED:  # those log only once they act alone (`_service`)
+        _log_to_stderr(args)
     try:
         return _emit(args.fn(args), args.json)
     except AirlockError as exc:
+        from airlockd.redact import scrub
+
         if args.json:  # error text may quote input or agent output: masked like everything else
             print(json.dumps(scrub(exc.to_json()), indent=2, default=str))
         else:

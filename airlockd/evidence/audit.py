@@ -19,6 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from airlockd.fsutil import LOCK_POLL_S
 from airlockd.redact import Redactor
 
 GENESIS = "0" * 64
@@ -71,7 +72,7 @@ class AuditLog:
         **data: Any,
     ) -> dict[str, Any]:
         """Record one event; every string in it is redacted first."""
-        with self._lock:
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
             prev, seq = GENESIS, 0
             if self.path.exists() and (last := _last_line(self.path)):
                 tail = json.loads(last)
@@ -127,7 +128,8 @@ class AuditLog:
         that does not fit."""
         if not self.path.exists():
             return None
-        with self._lock:  # an append between reading the log and its head is not a break
+        # an append between reading the log and its head is not a break
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
             with self.path.open("rb") as fh:
                 brk, last = verify_lines(fh)
             if brk is not None or not self.head.exists():

@@ -41,6 +41,7 @@ SOCKET_NAME = "control.sock"
 DaemonMode = Literal["stdio", "tcp", "background"]
 MAX_MESSAGE = 16 << 20  # a command's arguments are small; a bigger claim is refused before reading it
 MAX_HEADERS = 8192
+DRAIN_S = 60.0  # how long a leaving daemon waits for the answers it owes (a commit, a stop's wait)
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INTERNAL = -32700, -32600, -32601, -32603
 
 
@@ -118,6 +119,7 @@ class ControlServer:
         self.connections: set[Connection] = set()
         self.last_activity = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
+        self.answering: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -132,10 +134,18 @@ class ControlServer:
                 os.close(fd)
         os.chmod(self.path, 0o600)
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = DRAIN_S) -> None:
+        """Stop listening; answer what was asked already (a decision under way is finished and its
+        answer sent, within `drain_s`), then close every connection."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        pending = [t for t in self.answering if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=drain_s)
+            for conn in list(self.connections):
+                with contextlib.suppress(ConnectionError, OSError):
+                    await conn.writer.drain()
         for conn in list(self.connections):
             conn.writer.close()
         with contextlib.suppress(FileNotFoundError):
@@ -165,7 +175,9 @@ class ControlServer:
                     break
                 self.last_activity = time.monotonic()
                 # each request is its own task: a long decision never holds the others
-                self.ls.spawn(self._answer(conn, msg), name=f"control {msg.get('method')}")
+                task = self.ls.spawn(self._answer(conn, msg), name=f"control {msg.get('method')}")
+                self.answering.add(task)
+                task.add_done_callback(self.answering.discard)
         except (ConnectionError, OSError):
             pass
         finally:

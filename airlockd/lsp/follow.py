@@ -1,7 +1,9 @@
 """Following the store, the one truth: what changed a run outside this daemon's own requests — a
 run carried by another process (started with `--no-daemon`, re-attached after a crash, or left by
 a background daemon that handed the workspace over), a decision made by `airlockd --no-daemon` —
-reaches the editor within `FOLLOW_S` as `airlock/runStatus` and `airlock/proposal`.
+reaches the editor within `FOLLOW_S` as `airlock/runStatus` and `airlock/proposal`. A live run
+whose process died is reconciled then too (re-attached to its container, or recorded as failed),
+as a new command's start-up would.
 
 The store file is replaced atomically on every write, so (inode, mtime, size) names one version:
 an idle store costs one `stat` per period.
@@ -34,6 +36,8 @@ class StoreFollower:
         self.seen: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
         self.quiet: dict[str, float] = {}  # changed by this daemon's own decisions: announced already
         self.primed = False
+        self.owners: dict[str, tuple[int, int | None]] = {}  # live runs -> the process carrying them
+        self.reconciled: set[tuple[str, int]] = set()  # (run, dead process) handed to recovery
 
     def announced(self, method: str, payload: Any) -> None:
         """This daemon told the editor about a run itself (on the loop)."""
@@ -59,7 +63,10 @@ class StoreFollower:
             return []
         self.key = key
         out = []
+        self.owners = {}
         for rec in svc.store.list_runs():
+            if rec.state.live and rec.owner_pid is not None:
+                self.owners[rec.id] = (rec.owner_pid, rec.owner_start)
             counts = tuple(sorted((s.value, n) for s in FileState if (n := sum(1 for f in rec.files if f.state is s))))
             sig = (rec.state.value, counts)
             old = self.seen.get(rec.id)
@@ -72,8 +79,23 @@ class StoreFollower:
         self.primed = True
         return out
 
+    def orphans(self) -> list[tuple[str, int]]:
+        """Live runs whose process died (killed, crashed) and that this daemon does not carry."""
+        from airlockd.runs.recovery import alive
+
+        return [
+            (run_id, pid)
+            for run_id, (pid, start) in self.owners.items()
+            if run_id not in self.ls.run_processes and (run_id, pid) not in self.reconciled and not alive(pid, start)
+        ]
+
     async def step(self) -> None:
         ls = self.ls
+        if dead := self.orphans():  # re-attached to their container, or recorded as failed
+            self.reconciled.update(dead)
+            log.info("runs whose process died: %s; reconciling", ", ".join(run_id for run_id, _ in dead))
+            await ls.call(ls.service.recover)
+            self.key = None  # read again: they changed
         for run_id, state, review_moved in await ls.call(self._changed):
             rec = await ls.call(ls.service.store.get_run, run_id)
             ls.notify(status.RUN_STATUS, ls.service.run_status(rec))

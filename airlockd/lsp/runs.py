@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from lsprotocol import types
@@ -17,7 +18,7 @@ from pygls.capabilities import get_capability
 
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
-from airlockd.protocol import ProgressEvent, RunDone, RunEvent
+from airlockd.protocol import ProgressEvent, RunDone, RunEvent, RunStatusEvent
 from airlockd.protocol import RunProgress as ProgressNote
 from airlockd.records import FileState, RunRecord, RunState
 from airlockd.runs import carrier, execution, launcher
@@ -101,17 +102,25 @@ class RunProgress:
 
 
 async def execute(ls: AirlockServer, run_id: str) -> None:
-    """Carry a run (`carry`), then tell the control clients waiting on it that it is done."""
-    try:
-        await carry(ls, run_id)
-    finally:
-        state = None
-        with contextlib.suppress(Exception):
-            state = (await ls.call(ls.service.store.get_run, run_id)).state
+    """Carry a run (`carry`); the control clients waiting on it hear that it is done as soon as its
+    process has said its last word (or, if it never said how it ended, from the store)."""
+    told: list[RunState] = []
+
+    def done(state: RunState) -> None:
+        told.append(state)
         ls.tell_control(RUN_DONE, RunDone(runId=run_id, state=state).wire())
 
+    try:
+        await carry(ls, run_id, done)
+    finally:
+        if not told:
+            state = None
+            with contextlib.suppress(Exception):
+                state = (await ls.call(ls.service.store.get_run, run_id)).state
+            ls.tell_control(RUN_DONE, RunDone(runId=run_id, state=state).wire())
 
-async def carry(ls: AirlockServer, run_id: str) -> None:
+
+async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None] | None = None) -> None:
     """Take an admitted run to its end in the background; the client hears of every step.
 
     The run is carried by its own process (`runs/carrier.py`, with `--events`): copying, hashing and
@@ -142,6 +151,7 @@ async def carry(ls: AirlockServer, run_id: str) -> None:
     proc.stdin.write(json.dumps(svc.redactor.values()).encode())
     proc.stdin.close()
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
+    last: RunState | None = None  # the state the run process last announced
     try:
         assert proc.stdout is not None
         async for raw in proc.stdout:
@@ -153,7 +163,11 @@ async def carry(ls: AirlockServer, run_id: str) -> None:
             if isinstance(ev, ProgressEvent):
                 progress.report(ev.stage, ev.message)
             else:
+                if isinstance(ev, RunStatusEvent) and ev.payload.runId == run_id:
+                    last = ev.payload.state
                 status.on_event(ls, ev)
+        if done is not None and last is not None and not last.live:
+            done(last)  # its output closed: it has nothing more to do; a waiting CLI may go on
         code = await proc.wait()
     finally:
         ls.run_processes.pop(run_id, None)

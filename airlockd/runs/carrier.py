@@ -42,7 +42,8 @@ def carry(
     of the workspace."""
     if values_on_stdin:
         values = json.loads(sys.stdin.read() or "[]")
-        svc = Service(workspace, actor="cli", known_values=[str(v) for v in values]).recover()
+        # started by a daemon, which recovered at its start and reconciles dead runs as it goes
+        svc = Service(workspace, actor="cli", known_values=[str(v) for v in values])
     else:
         svc = Service(workspace, actor="cli").recover()
     if not events:

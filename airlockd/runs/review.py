@@ -52,14 +52,18 @@ class Review:
         audit: AuditLog,
         lifecycle: RunLifecycle,
         policy: Callable[[], Policy],
-        actor: str,
+        actor: Callable[[], str],
         seal: Callable[[RunRecord], None],
     ) -> None:
         self.workspace, self.state, self.store, self.audit = workspace, state, store, audit
         self.lifecycle = lifecycle
         self._policy = policy
-        self.actor = actor
+        self._actor = actor  # asked at each decision: the daemon acts for whichever door asked
         self._seal = seal
+
+    @property
+    def actor(self) -> str:
+        return self._actor()
 
     # -- after inspection ---------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ class Service:
             audit=self.audit,
             lifecycle=self.lifecycle,
             policy=lambda: self.policy,
-            actor=actor,
+            actor=lambda: self.actor,
             seal=self.seal_live_tree,
         )
 

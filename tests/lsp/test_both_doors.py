@@ -105,6 +105,7 @@ async def test_a_cli_decision_sees_the_editors_unsaved_buffer(editor: LanguageCl
     assert code == 5, (code, out, err)  # conflict: the editor holds unsaved changes of that file
     assert out["error"] == "conflict" and out["paths"] == ["src/mod.py"]
     assert mod.read_text() == MOD  # nothing was written
+    c.text_document_did_close(types.DidCloseTextDocumentParams(text_document=doc))
     before = len(notes(c, "airlock/proposal"))
     code, out, err = await cli(c, "approve", run["id"], "--path", "src/lib.py")
     assert code == 0 and out["applied"] == ["src/lib.py"], err
@@ -116,7 +117,6 @@ async def test_a_cli_decision_sees_the_editors_unsaved_buffer(editor: LanguageCl
     files = {f["path"]: f["state"] for f in notes(c, "airlock/proposal")[-1]["files"]}
     assert files["src/lib.py"] == "accepted"
     assert audit_by(c, run["id"], "review.approve")[-1] == "cli"
-    c.text_document_did_close(types.DidCloseTextDocumentParams(text_document=doc))
     code, out, err = await cli(c, "reject", run["id"])
     assert code == 0, err
 

@@ -41,10 +41,13 @@ def ws(client: LanguageClient) -> Path:
 async def cli(
     client: LanguageClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, Any]:
-    """`airlockd --json ARGV` on the daemon's workspace and state, as a person in a terminal."""
+    """`airlockd --json ARGV` on the daemon's workspace and state, as a person in a terminal. With
+    the VS Code client the CLI is the daemon's client (its control socket, the default); with the
+    Neovim one it acts alone (`--no-daemon`): every decision here goes through both ways."""
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(client.state))  # type: ignore[attr-defined]
     capsys.readouterr()
-    code = await asyncio.to_thread(main, ["--workspace", str(ws(client)), "--json", *argv])
+    alone = ["--no-daemon"] if client.caps == "neovim" else []  # type: ignore[attr-defined]
+    code = await asyncio.to_thread(main, ["--workspace", str(ws(client)), "--json", *alone, *argv])
     out = capsys.readouterr().out
     return code, json.loads(out) if out.strip() else None
 

@@ -5,24 +5,20 @@ folder; the installed launcher is then run through a fresh PATH."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
-import sys
-import sysconfig
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from nonroot import SYSTEM_PATH, TESTER, ensure_tester, interpreter_for
 
 from airlockd import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install-launcher.sh"
-TESTER = "airlock-tester"
-SYSTEM_PATH = "/usr/bin:/bin"
 PROFILE_LINE = 'export PATH="$HOME/.local/bin:$PATH"'
 
 
@@ -50,64 +46,16 @@ class User:
         return self.run(["sh", str(SCRIPT), *args], path=path, AIRLOCK_VENV=str(self.venv), **env)
 
 
-def _ensure_tester() -> int:
-    """The uid of airlock-tester (in group docker when there is one), created when absent."""
-    try:
-        return pwd.getpwnam(TESTER).pw_uid
-    except KeyError:
-        pass
-    has_docker = subprocess.run(["getent", "group", "docker"], capture_output=True).returncode == 0
-    groups = ["--groups", "docker"] if has_docker else []
-    subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/bin/sh", *groups, TESTER],
-        check=True,
-        capture_output=True,
-    )
-    return pwd.getpwnam(TESTER).pw_uid
-
-
 @pytest.fixture(scope="module")
 def uid() -> int:
-    return _ensure_tester() if os.geteuid() == 0 else os.geteuid()
-
-
-def _runs_as(uid: int, python: Path) -> bool:
-    # through sh, as the launcher does: setpriv's own exec may still resolve paths as root
-    argv = ["sh", "-c", 'exec "$0" -c "import airlockd.cli"', str(python)]
-    if os.geteuid() != uid:
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={pwd.getpwuid(uid).pw_gid}", "--init-groups", "--", *argv]
-    return subprocess.run(argv, capture_output=True, env={**os.environ, "HOME": "/"}).returncode == 0
+    return ensure_tester()
 
 
 @pytest.fixture(scope="module")
 def venv(uid: int) -> Iterator[Path]:
-    """The clone's virtualenv as the launcher sees it: this test's own, when the user can run it.
-    It may sit on an interpreter other users cannot reach (a pyenv Python under /root); then a
-    virtualenv of the system's Python of the same version, with this one's packages, stands in."""
-    if _runs_as(uid, Path(sys.prefix) / "bin" / "python"):
-        yield Path(sys.prefix)
-        return
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    system = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
-    assert system, f"uid {uid} cannot run {sys.executable} and there is no system {version} to stand in"
-    root = Path(tempfile.mkdtemp(prefix="airlock-venv-"))
-    os.chmod(root, 0o755)
-    try:
-        subprocess.run([system, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
-        purelib = subprocess.run(
-            [str(root / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        Path(purelib, "test-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        entry = root / "bin" / "airlockd"
-        entry.write_text(f"#!{root}/bin/python\nimport sys\nfrom airlockd.cli import main\nsys.exit(main())\n")
-        entry.chmod(0o755)
-        assert _runs_as(uid, root / "bin" / "python"), f"uid {uid} cannot run {root}/bin/python either"
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    """The clone's virtualenv as the launcher sees it (tests/nonroot.py)."""
+    with interpreter_for(uid) as prefix:
+        yield prefix
 
 
 @pytest.fixture

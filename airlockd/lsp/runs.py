@@ -16,6 +16,7 @@ from lsprotocol import types
 from pydantic import ValidationError
 from pygls.capabilities import get_capability
 
+from airlockd.errors import AirlockError
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.protocol import ProgressEvent, RunDone, RunEvent, RunStatusEvent
@@ -83,8 +84,9 @@ class RunProgress:
 
     def _cancelled(self) -> None:
         svc = self.ls.service
-        # the run's end is announced by its status anyway: no worker thread waits for it
-        self.ls.spawn(self.ls.call(svc.stop, self.run_id, wait=False), name=f"stop {self.run_id}")
+        # a worker thread waits for the end (delivering again should the container start late);
+        # the run's end is announced by its status as always
+        self.ls.spawn(self.ls.call(_stop_quietly, svc, self.run_id), name=f"stop {self.run_id}")
 
     def report(self, stage: str, message: str) -> None:  # on the loop
         note = ProgressNote(runId=self.run_id, stage=RunState(stage), message=message)
@@ -99,6 +101,14 @@ class RunProgress:
         if self.on:
             self.ls.work_done_progress.end(self.token, types.WorkDoneProgressEnd(message=message))
             self.ls.work_done_progress.tokens.pop(self.token, None)
+
+
+def _stop_quietly(svc: Any, run_id: str) -> None:
+    """A cancelled progress: stop the run, unless it has ended meanwhile."""
+    try:
+        svc.stop(run_id)
+    except AirlockError as exc:  # ended already, or still ending past the wait: its status says
+        log.info("stopping run %s on cancel: %s", run_id, exc.message)
 
 
 async def execute(ls: AirlockServer, run_id: str) -> None:

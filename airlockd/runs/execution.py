@@ -229,7 +229,7 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         staging=run_dir / "staging",
         staged_bytes=rec.staged_bytes,
         tokens_left=max(0, budget - usage.tokens_used) if budget else None,
-        publish=lambda sample: publish_sample(svc, rec.id, sample),
+        publish=_publisher(svc, rec),
         tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
     ).start()
     gateway_runs.attach(rec.id, monitor)
@@ -263,8 +263,8 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
     return info
 
 
-def publish_sample(svc: Service, run_id: str, sample: dict[str, Any]) -> None:
-    """Persist one live sample (peaks, output, tokens) and announce it."""
+def publish_sample(svc: Service, run_id: str, sample: dict[str, Any]) -> RunRecord:
+    """Persist one live sample (peaks, output, tokens) and announce it; the run as stored."""
 
     def keep(r: RunRecord) -> None:
         r.peak = sample["peak"]
@@ -272,6 +272,26 @@ def publish_sample(svc: Service, run_id: str, sample: dict[str, Any]) -> None:
 
     rec = svc.store.update_run(run_id, keep)
     svc.emit("runStatus", svc.run_status(rec, sample))
+    return rec
+
+
+def _publisher(svc: Service, run: RunRecord) -> Callable[[dict[str, Any]], None]:
+    """Each sample published; and a stop or kill asked from another process (recorded on the run)
+    carried out here, by the process that holds the container, should the asker's own delivery
+    have come before the container existed (`airlockd stop --no-wait`, a cancelled progress)."""
+    carried_out = False
+
+    def publish(sample: dict[str, Any]) -> None:
+        nonlocal carried_out
+        rec = publish_sample(svc, run.id, sample)
+        if rec.stop_kind and not carried_out:
+            carried_out = True
+            if rec.stop_kind == "kill":
+                svc.sandbox.kill(rec.id)
+            else:
+                svc.sandbox.stop(rec.id, svc.policy.agent(rec.agent).limits.grace_s)
+
+    return publish
 
 
 def record_usage(svc: Service, rec: RunRecord, monitor: RunMonitor) -> None:

@@ -472,15 +472,16 @@ class Service:
             return self.lifecycle.transition(rec, state, f"{kind} requested by {self.actor} before the run started")
         grace = 0.0 if kill else self.policy.agent(rec.agent).limits.grace_s
         deliver = (lambda: self.sandbox.kill(rec.id)) if kill else (lambda: self.sandbox.stop(rec.id, grace))
-        deliver()
+        reached = deliver()
         if not wait:
             return self.store.get_run(rec.id)
-        return self._await_end(rec.id, grace, deliver)
+        return self._await_end(rec.id, grace, deliver, reached)
 
-    def _await_end(self, run_id: str, grace: float, deliver: Callable[[], None]) -> RunRecord:
-        """Poll the store until the run is no longer live; the request is delivered again when
-        the run is still running a grace later (its container may have started after the first
-        delivery looked for it)."""
+    def _await_end(self, run_id: str, grace: float, deliver: Callable[[], bool], reached: bool) -> RunRecord:
+        """Poll the store until the run is no longer live. While the run is `running` and no
+        container of it was reached (the request came between the run's record and its container's
+        start), the request is delivered again at each poll; once one was, again only when the run
+        is still running a grace later."""
         started = time.monotonic()
         deadline = started + grace + STOP_MARGIN_S
         again = started + grace + STOP_REDELIVER_S
@@ -499,8 +500,8 @@ class Service:
                     run_id=run_id,
                     state=rec.state.value,
                 )
-            if now >= again and rec.state is RunState.RUNNING:
-                deliver()
+            if rec.state is RunState.RUNNING and (not reached or now >= again):
+                reached = deliver() or reached
                 again = time.monotonic() + grace + STOP_REDELIVER_S
             time.sleep(STOP_POLL_S)
 

@@ -105,12 +105,13 @@ class Sandbox(Protocol):
         """Run `spec` to its end and remove the container, whatever happens."""
         ...
 
-    def stop(self, run_id: str, grace_s: float) -> None:
-        """SIGTERM the run's container, wait `grace_s`, then SIGKILL it. No-op if it is gone."""
+    def stop(self, run_id: str, grace_s: float) -> bool:
+        """SIGTERM the run's container, wait `grace_s`, then SIGKILL it. No-op if it is gone.
+        Whether a container of the run was reached (False: none exists yet, or any more)."""
         ...
 
-    def kill(self, run_id: str) -> None:
-        """SIGKILL the run's container at once. No-op if it is gone."""
+    def kill(self, run_id: str) -> bool:
+        """SIGKILL the run's container at once. No-op if it is gone. Whether one was reached."""
         ...
 
     def stats(self, run_id: str) -> dict[str, float] | None:

@@ -239,7 +239,7 @@ class DockerSandbox:
 
         return cgroups.CgroupWatch(cid, engine_pid).start()
 
-    def stop(self, run_id: str, grace_s: float) -> None:
+    def stop(self, run_id: str, grace_s: float) -> bool:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
 
         Blocks until the container has ended. A run not yet started is never started.
@@ -253,8 +253,9 @@ class DockerSandbox:
         for c in found:
             with _engine(f"stopping run {run_id}"), _gone_is_fine():
                 c.stop(timeout=max(0, math.ceil(grace_s)))
+        return any(c.status == "running" for c in found)  # a created one may start after our look
 
-    def kill(self, run_id: str) -> None:
+    def kill(self, run_id: str) -> bool:
         """SIGKILL the run's container now. A run not yet started is never started."""
         with self._lock:
             self._requested[run_id] = "kill"
@@ -263,6 +264,7 @@ class DockerSandbox:
             self._handled.update([run_id] if any(c.status == "running" for c in found) else [])
         for c in found:
             self._kill_quietly(c)
+        return any(c.status == "running" for c in found)
 
     def reap(self, run_id: str) -> int:
         """Force-remove every container labelled with the run (running or not)."""

@@ -203,7 +203,7 @@ def test_a_stop_before_the_start_means_never_started(backend: Backend, how: str)
 
 def test_stop_after_the_start_returns_once_it_has_ended(backend: Backend) -> None:
     run_id, result = backend.start(UNTIL_STOPPED)
-    backend.sandbox.stop(run_id, grace_s=10)
+    assert backend.sandbox.stop(run_id, grace_s=10) is True  # it reached the running container
     assert backend.sandbox.stats(run_id) is None  # ended when stop returned (the agent obeys SIGTERM)
     backend.join()
     assert (result["info"].stopped, result["info"].exit_code) == ("stop", 143)
@@ -213,12 +213,13 @@ def test_stop_after_the_start_returns_once_it_has_ended(backend: Backend) -> Non
 def test_kill(backend: Backend) -> None:
     run_id, result = backend.start(UNTIL_STOPPED)
     t0 = time.monotonic()
-    backend.sandbox.kill(run_id)
+    assert backend.sandbox.kill(run_id) is True
     backend.join()
     assert time.monotonic() - t0 < 8
     assert (result["info"].stopped, result["info"].exit_code) == ("kill", 137) and not backend.errors
-    backend.sandbox.kill(run_id)  # a run that is gone: a no-op
-    backend.sandbox.stop(run_id, 1)
+    # a run that is gone (or has no container yet): a no-op, which says it reached nothing
+    assert backend.sandbox.kill(run_id) is False
+    assert backend.sandbox.stop(run_id, 1) is False
 
 
 def test_reap_kills_and_removes_a_runs_containers(backend: Backend) -> None:

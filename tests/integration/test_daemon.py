@@ -193,3 +193,25 @@ def test_the_control_socket_is_this_users_and_survives_bad_input(ws: Path) -> No
     assert "refused" in other.stdout, (other.stdout, other.stderr)
     code, out, err = cli(ws, "runs")  # and the daemon still serves
     assert code == 0 and len(out) == 1, err
+
+
+def test_a_stop_that_comes_before_the_container_still_stops_it(ws: Path) -> None:
+    """`stop --no-wait` from another process, sent the moment the run is recorded running (its
+    container may not exist yet, so that process's one delivery may reach nothing): the process
+    carrying the run carries the stop out itself; the run ends in seconds, not at its own end."""
+    from airlockd.store import Store
+
+    code, run, err = cli(ws, "run", "--agent", "bot", "sleep 30")
+    assert code == 0, err
+    store = Store(StateDir.for_workspace(ws))
+    deadline = time.monotonic() + 60
+    while store.get_run(run["id"]).state.value != "running" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    code, out, err = cli(ws, "--no-daemon", "stop", "--no-wait", run["id"])
+    assert code in (0, 4), (code, out, err)
+    while store.get_run(run["id"]).state.live and time.monotonic() - t0 < 60:
+        time.sleep(0.1)
+    final = store.get_run(run["id"])
+    assert final.state.value == "stopped" and final.stopped_by == "cli"
+    assert time.monotonic() - t0 < 15, "the stop waited for the agent's own end"

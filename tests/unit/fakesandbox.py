@@ -135,7 +135,7 @@ class FakeSandbox:
         if not running.signal.wait(running.spec.limits.wall_time_s):
             running.signal.set()  # nobody asked: the wall time ended it
 
-    def _signal(self, run_id: str, kind: str, grace_s: float) -> None:
+    def _signal(self, run_id: str, kind: str, grace_s: float) -> bool:
         with self._lock:
             if kind == "kill":
                 self._requested[run_id] = kind
@@ -145,12 +145,13 @@ class FakeSandbox:
         if running is not None:
             running.signal.set()
             running.done.wait(grace_s + 5)  # like the engine's stop: returns once it has ended
+        return running is not None
 
-    def stop(self, run_id: str, grace_s: float) -> None:
-        self._signal(run_id, "stop", grace_s)
+    def stop(self, run_id: str, grace_s: float) -> bool:
+        return self._signal(run_id, "stop", grace_s)
 
-    def kill(self, run_id: str) -> None:
-        self._signal(run_id, "kill", 0)
+    def kill(self, run_id: str) -> bool:
+        return self._signal(run_id, "kill", 0)
 
     def stats(self, run_id: str) -> dict[str, float] | None:
         with self._lock:

@@ -45,12 +45,6 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     fsync_dir(path.parent)
 
 
-def under(path: str, prefix: str) -> bool:
-    """`path` is `prefix` or inside it (workspace-relative, '/'-separated; a trailing '/' on
-    `prefix` is allowed). Compares strings only: never touches the filesystem."""
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 # The state's file locks are held for a few milliseconds at a time (by runs, the daemon, the CLI): a
 # waiter looks again every 2 ms, not filelock's default 50 ms, which a run paid several times over
 # whenever a daemon read the store meanwhile.

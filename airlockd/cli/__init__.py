@@ -110,7 +110,7 @@ def _run_doc(rec: RunRecord) -> RunDoc:
 
 
 def _print_run(doc: dict[str, Any]) -> None:
-    from airlockd.pipeline.manifest import display
+    from airlockd.names import display
 
     print(f"run {doc['id']}  agent {doc['agent']}  mode {doc['mode']}  state {doc['state']}")
     timeline = doc.get("timeline") or []
@@ -249,7 +249,7 @@ def cmd_show(args: argparse.Namespace) -> Any:
         d["policy"] = d["evidence"]["policy"]
         d["hunks"] = _hunk_list(svc, rec)
         return d
-    from airlockd.pipeline.manifest import display
+    from airlockd.names import display
 
     _print_run(_run_doc(rec))
     for path, hs in _hunk_list(svc, rec).items():
@@ -307,7 +307,7 @@ def cmd_approve(args: argparse.Namespace) -> Any:
         doc, applied, conflicts = _run_json(result.run), result.applied, result.conflicts
     if args.json:
         return {"run": doc, "applied": applied, "conflicts": conflicts}
-    from airlockd.pipeline.manifest import display
+    from airlockd.names import display
 
     for p in applied:
         print(f"applied  {display(p)}")
@@ -475,7 +475,9 @@ def cmd_serve(args: argparse.Namespace) -> Any:
 # -- parser -----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with `only`, the sub-command of that name alone is made in full
+    (the others' arguments go to a scratch parser): a quarter of a command's start-up otherwise."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--workspace",
@@ -496,8 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Handler, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common], help=help)
+    def add(name: str, fn: Handler, help: str | None) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return argparse.ArgumentParser(add_help=False)  # a scratch pad, never parsed
+        # no help: an internal command, left out of the listing
+        sp = sub.add_parser(name, parents=[common], help=help) if help else sub.add_parser(name, parents=[common])
         sp.set_defaults(fn=fn)
         return sp
 
@@ -507,8 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow-up", metavar="RUN")
     sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
-    sp = sub.add_parser("_execute", parents=[common])
-    sp.set_defaults(fn=cmd_execute)
+    sp = add("_execute", cmd_execute, None)  # internal: the process that carries one run
     sp.add_argument("--resume", action="store_true")
     sp.add_argument("--events", action="store_true")
     sp.add_argument("--values-on-stdin", action="store_true")
@@ -613,8 +617,50 @@ def _log_to_stderr(args: argparse.Namespace) -> None:
     install_log_redaction()
 
 
+_COMMANDS = frozenset(
+    [
+        "run",
+        "_execute",
+        "runs",
+        "show",
+        "diff",
+        "approve",
+        "reject",
+        "undo",
+        "stop",
+        "kill",
+        "agents",
+        "release",
+        "audit",
+        "policy",
+        "runtime",
+        "doctor",
+        "demo",
+        "serve",
+    ]
+)
+
+
+def _command_of(argv: Sequence[str] | None) -> str | None:
+    """The sub-command named in `argv` (the first word that is not an option or the value of
+    --workspace), when it is one this CLI knows; else None (then the whole parser is made)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--workspace":
+            i += 2
+            continue
+        if word in ("-h", "--help"):
+            return None
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+        i += 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airlockd.fsutil import under
+from airlockd.names import under
 from airlockd.pipeline.manifest import scan
 from airlockd.protocol import EvidenceDocument
 from airlockd.records import RunRecord, RunState

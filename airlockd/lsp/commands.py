@@ -18,7 +18,8 @@ from airlockd.evidence.document import evidence as run_evidence
 from airlockd.lsp import documents, runs, status
 from airlockd.lsp.args import parse, rpc_error
 from airlockd.lsp.server import AirlockServer
-from airlockd.pipeline.manifest import ChangeKind, display
+from airlockd.names import display
+from airlockd.pipeline.manifest import ChangeKind
 from airlockd.policy import Mode
 from airlockd.protocol import (
     AgentArgs,

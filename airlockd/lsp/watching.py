@@ -28,7 +28,7 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 from airlockd.errors import AirlockError, PolicyError
 from airlockd.lsp import documents, status
 from airlockd.lsp.server import AirlockServer
-from airlockd.pipeline.manifest import display
+from airlockd.names import display
 from airlockd.policy import POLICY_FILE
 from airlockd.protocol import RunStatus
 from airlockd.records import RunRecord, RunState

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import pathspec
 
-from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display
+from airlockd.names import display
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import POLICY_FILE, Decision, Policy
 
 AGENT_HOMES = (".codex", ".claude")  # and any component starting with ".aider"

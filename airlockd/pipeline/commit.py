@@ -31,6 +31,7 @@ from pathlib import Path
 
 from airlockd.errors import CommitError, ConflictError
 from airlockd.fsutil import syncfs
+from airlockd.names import display
 from airlockd.pipeline.journal import (
     Journal,
     JournalOp,
@@ -49,7 +50,7 @@ from airlockd.pipeline.journal import (
     roll_back,
     temp_name,
 )
-from airlockd.pipeline.manifest import Entry, Kind, display
+from airlockd.pipeline.manifest import Entry, Kind
 
 __all__ = [
     "CommitResult",

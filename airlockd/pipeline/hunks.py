@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from airlockd.pipeline.manifest import display
+from airlockd.names import display
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+\Z")
 

@@ -2,7 +2,7 @@
 
 Paths are relative, '/'-separated `str`s as `os.fsdecode` gives them: a name that is not UTF-8
 keeps its bytes as surrogate escapes, so it round-trips to the filesystem and never crashes the
-scan. `display()` renders any name safely for people.
+scan. `names.display()` renders any name safely for people.
 """
 
 from __future__ import annotations
@@ -192,15 +192,6 @@ def diff(base: Manifest, after: Manifest) -> ChangeSet:
             elif a.mode != b.mode:
                 out.append(Change(path, ChangeKind.MODE_CHANGED, b, a))
     return ChangeSet(out)
-
-
-def display(path: str) -> str:
-    """A path as a person should see it: control characters and undecodable bytes escaped."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return repr(path)[1:-1]
-    return path if path.isprintable() else repr(path)[1:-1]
 
 
 def save_manifest(manifest: Manifest, path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from airlockd.agents import sessions as agent_sessions
 from airlockd.errors import AirlockError, StateError
 from airlockd.evidence.audit import AuditLog
-from airlockd.fsutil import under
+from airlockd.names import under
 from airlockd.pipeline.manifest import Entry, Kind, sha256_file
 from airlockd.records import ConflictCause, FileReview, FileState, RunRecord, RunState, Transition, allowed
 from airlockd.redact import Redactor

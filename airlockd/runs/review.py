@@ -18,11 +18,11 @@ from pathlib import Path
 
 from airlockd.errors import ConflictError, StateError, UsageError
 from airlockd.evidence.audit import AuditLog
-from airlockd.fsutil import under
+from airlockd.names import display, under
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
-from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, display, sha256_file
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, sha256_file
 from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
 from airlockd.runs.lifecycle import RunLifecycle

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from airlockd.fsutil import under
+from airlockd.names import under
 from airlockd.staging.inotify import (
     EVENTS,
     EXHAUSTED,

@@ -360,14 +360,14 @@ class Service:
 
     def _claim(self, run_id: str, expected: RunState) -> RunRecord:
         """This process carries the run from now on (so a later start knows whether it lives)."""
-        rec = self.store.get_run(run_id)
-        if rec.state is not expected:
-            raise StateError(f"run {rec.id} is {rec.state.value}, not {expected.value}")
+        me, started = os.getpid(), recovery.process_start(os.getpid())
 
-        def own(r: RunRecord) -> None:
-            r.owner_pid, r.owner_start = os.getpid(), recovery.process_start(os.getpid())
+        def own(r: RunRecord) -> None:  # checked and claimed in one transaction
+            if r.state is not expected:
+                raise StateError(f"run {r.id} is {r.state.value}, not {expected.value}")
+            r.owner_pid, r.owner_start = me, started
 
-        return self.store.update_run(rec.id, own)
+        return self.store.update_run(run_id, own)
 
     def _carry(self, rec: RunRecord, run: Callable[[], ExitInfo], progress: Progress) -> RunRecord:
         """Run the container part, then end the run (stopped, killed, over a limit) or inspect

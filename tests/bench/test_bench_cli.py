@@ -26,7 +26,7 @@ from treegen import big_tree
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-ROUNDS = 7
+ROUNDS = 11
 POLICY = textwrap.dedent(
     """
     [agents.bot]

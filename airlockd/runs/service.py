@@ -134,9 +134,11 @@ class Service:
 
     def recover(self) -> Service:
         """The start-up step of a process that may write (a run, a decision, the daemon):
-        finish or roll back commits a crash interrupted (the journal), and reconcile runs whose
-        process died (re-attached, or recorded as failed). Constructing a Service never does this,
-        so reading commands (`runs`, `show`, `diff`) leave the workspace and the runs alone."""
+        keep the policy revision in force, finish or roll back commits a crash interrupted (the
+        journal), and reconcile runs whose process died (re-attached, or recorded as failed).
+        Constructing a Service never does this, so reading commands (`runs`, `show`, `diff`) leave
+        the workspace, the runs and the state alone."""
+        self.keep_revision()
         recovery.recover_journals(self)
         recovery.reconcile(self)
         return self
@@ -149,18 +151,24 @@ class Service:
     # -- policy -------------------------------------------------------------------------------
 
     def _load_policy(self) -> LoadedPolicy:
-        loaded = load_policy(self.workspace)
+        return load_policy(self.workspace)
+
+    def keep_revision(self) -> None:
+        """Keep the text of the policy revision in force (once per revision), so past decisions can
+        be replayed: done by what decides under it (a run's admission, a daemon, a reload), never
+        by merely constructing the service."""
+        loaded = self.loaded
         kept = self.state.policies / f"{loaded.revision}.json"
-        if not kept.exists():  # every revision's text is kept so past decisions can be replayed
+        if not kept.exists():
             kept.write_text(loaded.text)
             self.audit.append("policy.revision_kept", policy=loaded.revision, sources=list(loaded.sources))
-        return loaded
 
     def reload_policy(self) -> LoadedPolicy:
         """Re-read the policy; a bad file keeps the last good one in force and says so."""
         old = self.loaded.revision
         try:
             self.loaded = self._load_policy()
+            self.keep_revision()
         except PolicyError as exc:
             self.audit.append("policy.reload_failed", policy=old, error=exc.message)
             raise
@@ -265,6 +273,7 @@ class Service:
 
     def submit(self, agent: str, prompt: str, *, mode: str | None = None, follow_up: str | None = None) -> RunRecord:
         """Admit a run or refuse it (AdmissionRejected) before anything is spent."""
+        self.keep_revision()  # the run's evidence names it
         cfg = self.policy.agent(agent)
         run_mode = Mode(mode) if mode else self.policy.mode_for(agent)
         if follow_up:

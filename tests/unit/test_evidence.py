@@ -143,6 +143,8 @@ def test_policy_reload_keeps_each_revision(tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     svc = Service(ws, sandbox=FakeSandbox(_agent))
     first = svc.loaded.revision
+    assert not list(svc.state.policies.glob("*.json"))  # constructing it keeps nothing
+    svc.recover()  # a daemon's start-up: the revision in force is kept
     (ws / "policies.toml").write_text('[agents.bot]\ncommand = ["false"]\n')
     svc.reload_policy()
     assert svc.loaded.revision != first

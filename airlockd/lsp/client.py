@@ -218,7 +218,7 @@ def start_background(workspace: Path, state_root: Path) -> Daemon:
     if doc.get("ok") is False:
         err = doc.get("error") or {}
         lost_race = err.get("error") == "usage" and "already serving" in str(err.get("message"))
-        daemon = Daemon.connect(state_root) if lost_race else None
+        daemon = _await_winner(state_root, deadline) if lost_race else None
         if daemon is not None:
             return daemon
         raise RemoteError(-32001, str(err.get("message", "the daemon could not start")), err)
@@ -228,3 +228,19 @@ def start_background(workspace: Path, state_root: Path) -> Daemon:
         why = f"exited with code {code}" if code is not None else "did not answer"
         raise DaemonGone(f"the background daemon {why}; see {log}")
     return daemon
+
+
+def _await_winner(state_root: Path, deadline: float) -> Daemon | None:
+    """Another command's daemon took the workspace first: it opens its socket once its service
+    is up (a fraction of a second); wait for it, as long as that daemon lives."""
+    delay = 0.005
+    while time.monotonic() < deadline:
+        daemon = Daemon.connect(state_root)
+        if daemon is not None:
+            return daemon
+        pid = (info(state_root) or {}).get("pid")
+        if not isinstance(pid, int) or not os.path.exists(f"/proc/{pid}"):
+            return Daemon.connect(state_root)  # it is gone (or never said who it was): one last look
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return None

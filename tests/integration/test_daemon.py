@@ -215,3 +215,23 @@ def test_a_stop_that_comes_before_the_container_still_stops_it(ws: Path) -> None
     final = store.get_run(run["id"])
     assert final.state.value == "stopped" and final.stopped_by == "cli"
     assert time.monotonic() - t0 < 15, "the stop waited for the agent's own end"
+
+
+def test_two_commands_that_start_a_daemon_at_once_share_one(ws: Path) -> None:
+    """Two terminals, no daemon yet: both start one; the one that loses the workspace's lock says
+    so on its pipe and its command talks to the winner. Both runs are proposed; one daemon serves."""
+    argv = [sys.executable, "-m", "airlockd", "--workspace", str(ws), "--json", "run", "--agent", "bot", "--wait"]
+    env = {**os.environ, "AIRLOCK_DAEMON": "auto"}
+    procs = [
+        subprocess.Popen([*argv, f"echo {n} > f{n}.txt"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for n in (1, 2)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err.decode()
+        assert json.loads(out)["state"] == "proposed"
+    daemons = subprocess.run(
+        ["pgrep", "-f", "--", f"--workspace {ws} serve --background"], capture_output=True, text=True
+    )
+    assert len(daemons.stdout.split()) == 1, daemons.stdout
+    assert info(ws)["pid"] == int(daemons.stdout.split()[0])  # type: ignore[index]

@@ -235,3 +235,22 @@ def test_two_commands_that_start_a_daemon_at_once_share_one(ws: Path) -> None:
     )
     assert len(daemons.stdout.split()) == 1, daemons.stdout
     assert info(ws)["pid"] == int(daemons.stdout.split()[0])  # type: ignore[index]
+
+
+def test_a_daemon_killed_outright_leaves_nothing_in_the_way(ws: Path) -> None:
+    """SIGKILL leaves serve.json and a dead socket behind: the next command takes them for what
+    they are (nobody answers) and starts a daemon of its own."""
+    import signal
+
+    code, _, err = cli(ws, "run", "--agent", "bot", "--wait", "true")
+    assert code == 0, err
+    dead = info(ws)["pid"]  # type: ignore[index]
+    os.kill(dead, signal.SIGKILL)
+    assert gone(dead)
+    root = StateDir.for_workspace(ws).root
+    assert (root / "control.sock").exists() and (root / "serve.json").exists()  # left as they were
+    code, run, err = cli(ws, "run", "--agent", "bot", "--wait", "echo again > again.txt")
+    assert code == 0 and run["state"] == "proposed", err
+    assert info(ws)["pid"] != dead  # type: ignore[index]
+    code, out, err = cli(ws, "approve", run["id"])
+    assert code == 0 and out["applied"] == ["again.txt"], err

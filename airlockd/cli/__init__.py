@@ -1,10 +1,7 @@
 """Command line: parses, calls the service, prints. Exit codes live in errors.py.
 
-When a daemon serves the workspace (an editor's `airlockd serve`, or one the CLI started in the
-background), the commands that decide or run go to it over its control socket (`lsp/client.py`): the
-same code, with the same state, including the editor's unsaved buffers. Otherwise a decision acts
-alone, in this process, and a run starts a background daemon that keeps the mirror warm for the
-next one (`AIRLOCK_DAEMON=off` or `--no-daemon`: always alone). See docs/daemon.md.
+When a daemon serves the workspace, the commands that run or decide go to it (cli/decide.py);
+the rest read the state and print (cli/show.py shows a run). See docs/daemon.md.
 
 This module imports little at the top: a command that goes to a warm daemon starts in
 milliseconds; what acts alone imports the service when it needs it.
@@ -22,192 +19,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airlockd import __version__
-from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError, from_json
+from airlockd.cli.decide import (
+    cmd_approve,
+    cmd_reject,
+    cmd_release,
+    cmd_run,
+    cmd_stop,
+    cmd_undo,
+    log_to_stderr,
+    service,
+)
+from airlockd.cli.show import ENDED_BADLY, RunDoc, print_run, run_doc, run_json
+from airlockd.errors import EXIT_ERROR, EXIT_LIMIT, EXIT_USAGE, AirlockError, NotFoundError, UsageError
 
 if TYPE_CHECKING:
-    from airlockd.lsp.client import Daemon
     from airlockd.records import RunRecord
 
 Handler = Callable[[argparse.Namespace], Any]
-_ENDED_BADLY = {"limit_exceeded", "killed", "stopped"}
-_LIVE = {"admitted", "staging", "running", "inspecting"}
-
-
-class RunDoc(dict[str, Any]):
-    """One run as the CLI prints it (`--json`: this document; else `_print_run`)."""
-
-
-def _service(args: argparse.Namespace, *, recover: bool = False) -> Any:
-    """The workspace's Service; `recover` for commands that may write (a run, a decision):
-    interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
-    from airlockd.runs.service import Service
-
-    _log_to_stderr(args)
-    svc = Service(Path(args.workspace), actor="cli")
-    return svc.recover() if recover else svc
-
-
-def _hunks(args: argparse.Namespace) -> dict[str, list[str]] | None:
-    """`--hunk PATH:ID` (repeatable) as {path: [id, ...]}."""
-    out: dict[str, list[str]] = {}
-    for spec in args.hunk or ():
-        path, sep, hid = spec.rpartition(":")
-        if not sep or not path or not hid:
-            raise UsageError(f"--hunk {spec!r}: expected PATH:ID", hint="`airlockd show RUN --json` lists the hunk ids")
-        out.setdefault(path.strip("/"), []).append(hid)
-    return out or None
-
-
-def _state_root(args: argparse.Namespace) -> Path:
-    from airlockd.state import StateDir
-
-    return StateDir.for_workspace(Path(args.workspace)).root
-
-
-def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
-    """The daemon serving the workspace, to be its client; with `start`, one started in the
-    background when none does. None: act alone (`--no-daemon`, `AIRLOCK_DAEMON=off`)."""
-    from airlockd.lsp import client
-
-    if args.no_daemon or client.daemon_policy() == "off":
-        return None
-    root = _state_root(args)
-    daemon = client.Daemon.connect(root)
-    if daemon is None and start:
-        try:
-            daemon = client.start_background(Path(args.workspace).resolve(), root)
-        except client.DaemonGone as exc:
-            raise AirlockError(str(exc), hint="run with --no-daemon to act without one") from None
-        except client.RemoteError as exc:  # it could not start: say why, as it said it
-            raise from_json(exc.message, exc.data) from None
-    return daemon
-
-
-def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:
-    """One command of the daemon; its errors raised as the AirlockErrors they were there."""
-    from airlockd.lsp.client import DaemonGone, RemoteError
-
-    try:
-        return daemon.command(command, arguments)
-    except RemoteError as exc:
-        raise from_json(exc.message, exc.data) from None
-    except DaemonGone as exc:
-        raise AirlockError(
-            f"the daemon serving this workspace went away: {exc}", hint="run the command again"
-        ) from None
-
-
-def _run_json(rec: RunRecord) -> dict[str, Any]:
-    d = rec.model_dump(mode="json")
-    d.pop("transitions", None)
-    return d
-
-
-def _run_doc(rec: RunRecord) -> RunDoc:
-    d = rec.model_dump(mode="json")
-    d["timeline"] = d.pop("transitions", [])
-    return RunDoc(d)
-
-
-def _print_run(doc: dict[str, Any]) -> None:
-    from airlockd.names import display
-
-    print(f"run {doc['id']}  agent {doc['agent']}  mode {doc['mode']}  state {doc['state']}")
-    timeline = doc.get("timeline") or []
-    if timeline and timeline[-1].get("detail"):
-        print(f"  {timeline[-1]['detail']}")
-    if hit := doc.get("limit"):
-        print(
-            f"  limit exceeded: {hit['limit']} measured {hit['measured']} > allowed {hit['allowed']} ({hit['source']})"
-        )
-    if doc.get("withheld"):
-        print(f"  withheld from the agent: {', '.join(display(w['path']) for w in doc['withheld'])}")
-    if doc.get("files"):
-        print("  changes:")
-        for f in doc["files"]:
-            print(
-                f"    {f['decision']:6} {f['state']:10} {f['change']:12} {display(f['path'])}"
-                f"   [{f['rule']}: {f['reason']}]"
-            )
-    elif doc["state"] in ("proposed", "applied", "rejected"):
-        print("  no changes")
-
-
-# -- commands ---------------------------------------------------------------------------------
-
-
-def cmd_run(args: argparse.Namespace) -> Any:
-    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
-    daemon = _daemon(args, start=True)
-    if daemon is not None:
-        return _run_through(daemon, args, prompt)
-    svc = _service(args, recover=True)
-    svc.sweep()
-    rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
-    if args.wait:
-
-        def progress(stage: str, msg: str) -> None:
-            if not args.json:
-                print(f"[{stage}] {msg}", file=sys.stderr)
-
-        rec = svc.execute(rec.id, progress)
-    else:  # the run continues in its own process; `airlockd show RUN` follows it
-        import subprocess
-
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "airlockd",
-                "--workspace",
-                str(svc.workspace),
-                "_execute",
-                rec.id,
-            ],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(svc.state.run_dir(rec.id) / "daemon.log", "ab"),  # noqa: SIM115
-        )
-    return _run_doc(rec)
-
-
-PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
-
-
-def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
-    """`run` by the daemon: it admits and carries the run; with --wait, follow it to its end."""
-    from airlockd.lsp.client import DaemonGone
-
-    if args.wait:
-        daemon.subscribe(PROGRESS, RUN_DONE)
-    task: dict[str, Any] = {"agent": args.agent, "prompt": prompt}
-    if args.mode:
-        task["mode"] = args.mode
-    if args.follow_up:
-        task["followUp"] = args.follow_up
-    run_id = _ask(daemon, "airlock.runTask", task)["runId"]
-    if args.wait:
-        try:
-            while True:
-                note = daemon.wait_for(lambda n: (n.get("params") or {}).get("runId") == run_id)
-                if note["method"] == RUN_DONE:
-                    break
-                if not args.json:
-                    print(f"[{note['params']['stage']}] {note['params']['message']}", file=sys.stderr)
-        except DaemonGone:  # it handed the workspace over: the run goes on; follow it in the store
-            return _wait_in_store(args, run_id)
-    return RunDoc(_ask(daemon, "airlock.getRun", {"runId": run_id}))
-
-
-def _wait_in_store(args: argparse.Namespace, run_id: str) -> RunDoc:
-    from airlockd.state import StateDir
-    from airlockd.store import Store
-
-    store = Store(StateDir.for_workspace(Path(args.workspace)))
-    while (rec := store.get_run(run_id)).state.live:
-        time.sleep(0.2)
-    return _run_doc(rec)
 
 
 def cmd_execute(args: argparse.Namespace) -> Any:
@@ -222,13 +50,13 @@ def cmd_execute(args: argparse.Namespace) -> Any:
         events=args.events,
         values_on_stdin=args.values_on_stdin,
     )
-    return None if rec is None else _run_doc(rec)
+    return None if rec is None else run_doc(rec)
 
 
 def cmd_runs(args: argparse.Namespace) -> Any:
-    runs = _service(args).store.list_runs()
+    runs = service(args).store.list_runs()
     if args.json:
-        return [_run_json(r) for r in runs]
+        return [run_json(r) for r in runs]
     for r in runs:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         print(f"{r.id}  {when}  {r.agent:12} {r.state.value:22} {len(r.files):3} changes  {r.prompt[:50]!r}")
@@ -236,10 +64,10 @@ def cmd_runs(args: argparse.Namespace) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> Any:
-    svc = _service(args)
+    svc = service(args)
     rec = svc.store.get_run(args.run)
     if args.json:
-        d = _run_json(rec)
+        d = run_json(rec)
         d["transitions"] = [t.model_dump(mode="json") for t in rec.transitions]
         d["timeline"] = list(svc.audit.events(run=rec.id))
         d["policy_sources"] = list(svc.loaded.sources)
@@ -251,7 +79,7 @@ def cmd_show(args: argparse.Namespace) -> Any:
         return d
     from airlockd.names import display
 
-    _print_run(_run_doc(rec))
+    print_run(run_doc(rec))
     for path, hs in _hunk_list(svc, rec).items():
         print(f"  hunks of {display(path)} (decide one with --hunk {display(path)}:ID):")
         for h in hs:
@@ -279,84 +107,21 @@ def _hunk_list(svc: Any, rec: RunRecord) -> dict[str, list[dict[str, Any]]]:
 
 
 def cmd_diff(args: argparse.Namespace) -> Any:
-    text = _service(args).review.diff(args.run, args.path)
+    text = service(args).review.diff(args.run, args.path)
     if args.json:
         return {"run": args.run, "diff": text}
     sys.stdout.write(text)
     return None
 
 
-def _selection(args: argparse.Namespace) -> dict[str, Any]:
-    chosen: dict[str, Any] = {"runId": args.run}
-    if args.path:
-        chosen["paths"] = list(args.path)
-    if hunks := _hunks(args):
-        chosen["hunks"] = hunks
-    return chosen
-
-
-def cmd_approve(args: argparse.Namespace) -> Any:
-    daemon = _daemon(args)
-    if daemon is not None:
-        got = _ask(daemon, "airlock.approve", _selection(args))
-        doc = _ask(daemon, "airlock.getRun", {"runId": args.run})
-        doc.pop("timeline", None)
-        applied, conflicts = got["applied"], got["conflicts"]
-    else:
-        result = _service(args, recover=True).review.approve(args.run, args.path or None, hunks=_hunks(args))
-        doc, applied, conflicts = _run_json(result.run), result.applied, result.conflicts
-    if args.json:
-        return {"run": doc, "applied": applied, "conflicts": conflicts}
-    from airlockd.names import display
-
-    for p in applied:
-        print(f"applied  {display(p)}")
-    _print_run(doc)
-    return None
-
-
-def cmd_reject(args: argparse.Namespace) -> Any:
-    daemon = _daemon(args)
-    if daemon is not None:
-        _ask(daemon, "airlock.reject", _selection(args))
-        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args, recover=True).review.reject(args.run, args.path or None, hunks=_hunks(args)))
-
-
-def cmd_undo(args: argparse.Namespace) -> Any:
-    daemon = _daemon(args)
-    if daemon is not None:
-        _ask(daemon, "airlock.undo", {"runId": args.run})
-        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args, recover=True).review.undo(args.run))
-
-
-def cmd_stop(args: argparse.Namespace) -> Any:
-    """Stop or kill a run; by default returns once it has ended, with its final state."""
-    kill = args.command == "kill"
-    daemon = _daemon(args)
-    if daemon is not None:
-        verb = "airlock.killRun" if kill else "airlock.stopRun"
-        _ask(daemon, verb, {"runId": args.run, "wait": not args.no_wait})
-        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
-    return _run_doc(_service(args).stop(args.run, kill=kill, wait=not args.no_wait))
-
-
 def cmd_agents(args: argparse.Namespace) -> Any:
-    agents = _service(args).agents()
+    agents = service(args).agents()
     if args.json:
         return agents
     for a in agents:
         q = f"QUARANTINED ({a['reason']})" if a["quarantined"] else "ok"
         print(f"{a['agent']:14} {a['adapter']:8} runs {a['runsUsed']:4}  tokens {a['tokensUsed']:8}  {q}")
     return None
-
-
-def cmd_release(args: argparse.Namespace) -> Any:
-    daemon = _daemon(args)
-    if daemon is not None:
-        return _ask(daemon, "airlock.releaseAgent", {"agent": args.agent})
-    return _service(args).release(args.agent)
 
 
 def cmd_audit(args: argparse.Namespace) -> Any:
@@ -376,7 +141,7 @@ def cmd_audit(args: argparse.Namespace) -> Any:
             return {"ok": True, "events": check.events}
         print(f"export verified: signature valid, {check.events} events, hash chain intact")
         return None
-    svc = _service(args)
+    svc = service(args)
     if args.public_key:
         pem = signing.public_pem(signing.signing_key(svc.state.root))
         return {"public_key": pem} if args.json else print(pem, end="")
@@ -589,10 +354,10 @@ def _emit(result: Any, as_json: bool) -> int:
         out = scrub(result)  # stored data is masked already; this is the last net
         print(json.dumps(out, indent=2, default=str))
     elif isinstance(result, RunDoc):
-        _print_run(result)
+        print_run(result)
     elif isinstance(result, dict) and not as_json:
         print(json.dumps(result, indent=2, default=str))
-    if isinstance(result, RunDoc) and result.get("state") in _ENDED_BADLY:
+    if isinstance(result, RunDoc) and result.get("state") in ENDED_BADLY:
         return EXIT_LIMIT
     return 0
 
@@ -600,21 +365,6 @@ def _emit(result: Any, as_json: bool) -> int:
 # The commands a daemon serving the workspace decides: importing the service (or even `logging`)
 # is left to the path that acts alone, so that going to the daemon starts in milliseconds.
 _ROUTED = frozenset({"run", "approve", "reject", "undo", "stop", "kill", "release"})
-
-
-def _log_to_stderr(args: argparse.Namespace) -> None:
-    """Log to stderr, every line masked with what this process knows (once)."""
-    import logging
-
-    from airlockd.redact import install_log_redaction
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.WARNING,
-            stream=sys.stderr,
-            format="airlockd: %(levelname)s %(name)s: %(message)s",
-        )
-    install_log_redaction()
 
 
 _COMMANDS = frozenset(
@@ -669,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.no_daemon = getattr(args, "no_daemon", False)
     if args.command not in _ROUTED:  # those log only once they act alone (`_service`)
-        _log_to_stderr(args)
+        log_to_stderr(args)
     try:
         return _emit(args.fn(args), args.json)
     except AirlockError as exc:

@@ -1,0 +1,234 @@
+"""The commands a daemon decides when one serves the workspace (`run` and the decisions): sent to
+it over its control socket (`lsp/client.py`), or, when none serves (or with `--no-daemon`), done in
+this process by the same service. Imports little at the top: going to a warm daemon is the fast
+path; acting alone imports the service when it needs it. See docs/daemon.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airlockd.cli.show import RunDoc, print_run, run_doc, run_json
+from airlockd.errors import AirlockError, UsageError, from_json
+
+if TYPE_CHECKING:
+    from airlockd.lsp.client import Daemon
+
+
+def _state_root(args: argparse.Namespace) -> Path:
+    from airlockd.state import StateDir
+
+    return StateDir.for_workspace(Path(args.workspace)).root
+
+
+def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
+    """The daemon serving the workspace, to be its client; with `start`, one started in the
+    background when none does. None: act alone (`--no-daemon`, `AIRLOCK_DAEMON=off`)."""
+    from airlockd.lsp import client
+
+    if args.no_daemon or client.daemon_policy() == "off":
+        return None
+    root = _state_root(args)
+    daemon = client.Daemon.connect(root)
+    if daemon is None and start:
+        try:
+            daemon = client.start_background(Path(args.workspace).resolve(), root)
+        except client.DaemonGone as exc:
+            raise AirlockError(str(exc), hint="run with --no-daemon to act without one") from None
+        except client.RemoteError as exc:  # it could not start: say why, as it said it
+            raise from_json(exc.message, exc.data) from None
+    return daemon
+
+
+def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:
+    """One command of the daemon; its errors raised as the AirlockErrors they were there."""
+    from airlockd.lsp.client import DaemonGone, RemoteError
+
+    try:
+        return daemon.command(command, arguments)
+    except RemoteError as exc:
+        raise from_json(exc.message, exc.data) from None
+    except DaemonGone as exc:
+        raise AirlockError(
+            f"the daemon serving this workspace went away: {exc}", hint="run the command again"
+        ) from None
+
+
+def _hunks(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """`--hunk PATH:ID` (repeatable) as {path: [id, ...]}."""
+    out: dict[str, list[str]] = {}
+    for spec in args.hunk or ():
+        path, sep, hid = spec.rpartition(":")
+        if not sep or not path or not hid:
+            raise UsageError(f"--hunk {spec!r}: expected PATH:ID", hint="`airlockd show RUN --json` lists the hunk ids")
+        out.setdefault(path.strip("/"), []).append(hid)
+    return out or None
+
+
+def cmd_run(args: argparse.Namespace) -> Any:
+    prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
+    daemon = _daemon(args, start=True)
+    if daemon is not None:
+        return _run_through(daemon, args, prompt)
+    svc = service(args, recover=True)
+    svc.sweep()
+    rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
+    if args.wait:
+
+        def progress(stage: str, msg: str) -> None:
+            if not args.json:
+                print(f"[{stage}] {msg}", file=sys.stderr)
+
+        rec = svc.execute(rec.id, progress)
+    else:  # the run continues in its own process; `airlockd show RUN` follows it
+        import subprocess
+
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airlockd",
+                "--workspace",
+                str(svc.workspace),
+                "_execute",
+                rec.id,
+            ],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(svc.state.run_dir(rec.id) / "daemon.log", "ab"),  # noqa: SIM115
+        )
+    return run_doc(rec)
+
+
+PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
+
+
+def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
+    """`run` by the daemon: it admits and carries the run; with --wait, follow it to its end."""
+    from airlockd.lsp.client import DaemonGone
+
+    if args.wait:
+        daemon.subscribe(PROGRESS, RUN_DONE)
+    task: dict[str, Any] = {"agent": args.agent, "prompt": prompt}
+    if args.mode:
+        task["mode"] = args.mode
+    if args.follow_up:
+        task["followUp"] = args.follow_up
+    run_id = _ask(daemon, "airlock.runTask", task)["runId"]
+    if args.wait:
+        try:
+            while True:
+                note = daemon.wait_for(lambda n: (n.get("params") or {}).get("runId") == run_id)
+                if note["method"] == RUN_DONE:
+                    break
+                if not args.json:
+                    print(f"[{note['params']['stage']}] {note['params']['message']}", file=sys.stderr)
+        except DaemonGone:  # it handed the workspace over: the run goes on; follow it in the store
+            return _wait_in_store(args, run_id)
+    return RunDoc(_ask(daemon, "airlock.getRun", {"runId": run_id}))
+
+
+def _wait_in_store(args: argparse.Namespace, run_id: str) -> RunDoc:
+    from airlockd.state import StateDir
+    from airlockd.store import Store
+
+    store = Store(StateDir.for_workspace(Path(args.workspace)))
+    while (rec := store.get_run(run_id)).state.live:
+        time.sleep(0.2)
+    return run_doc(rec)
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    chosen: dict[str, Any] = {"runId": args.run}
+    if args.path:
+        chosen["paths"] = list(args.path)
+    if hunks := _hunks(args):
+        chosen["hunks"] = hunks
+    return chosen
+
+
+def cmd_approve(args: argparse.Namespace) -> Any:
+    daemon = _daemon(args)
+    if daemon is not None:
+        got = _ask(daemon, "airlock.approve", _selection(args))
+        doc = _ask(daemon, "airlock.getRun", {"runId": args.run})
+        doc.pop("timeline", None)
+        applied, conflicts = got["applied"], got["conflicts"]
+    else:
+        result = service(args, recover=True).review.approve(args.run, args.path or None, hunks=_hunks(args))
+        doc, applied, conflicts = run_json(result.run), result.applied, result.conflicts
+    if args.json:
+        return {"run": doc, "applied": applied, "conflicts": conflicts}
+    from airlockd.names import display
+
+    for p in applied:
+        print(f"applied  {display(p)}")
+    print_run(doc)
+    return None
+
+
+def cmd_reject(args: argparse.Namespace) -> Any:
+    daemon = _daemon(args)
+    if daemon is not None:
+        _ask(daemon, "airlock.reject", _selection(args))
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return run_doc(service(args, recover=True).review.reject(args.run, args.path or None, hunks=_hunks(args)))
+
+
+def cmd_undo(args: argparse.Namespace) -> Any:
+    daemon = _daemon(args)
+    if daemon is not None:
+        _ask(daemon, "airlock.undo", {"runId": args.run})
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return run_doc(service(args, recover=True).review.undo(args.run))
+
+
+def cmd_stop(args: argparse.Namespace) -> Any:
+    """Stop or kill a run; by default returns once it has ended, with its final state."""
+    kill = args.command == "kill"
+    daemon = _daemon(args)
+    if daemon is not None:
+        verb = "airlock.killRun" if kill else "airlock.stopRun"
+        _ask(daemon, verb, {"runId": args.run, "wait": not args.no_wait})
+        return RunDoc(_ask(daemon, "airlock.getRun", {"runId": args.run}))
+    return run_doc(service(args).stop(args.run, kill=kill, wait=not args.no_wait))
+
+
+def cmd_release(args: argparse.Namespace) -> Any:
+    daemon = _daemon(args)
+    if daemon is not None:
+        return _ask(daemon, "airlock.releaseAgent", {"agent": args.agent})
+    return service(args).release(args.agent)
+
+
+def service(args: argparse.Namespace, *, recover: bool = False) -> Any:
+    """The workspace's Service; `recover` for commands that may write (a run, a decision):
+    interrupted commits are finished and dead runs reconciled first. Reading commands never do."""
+    from airlockd.runs.service import Service
+
+    log_to_stderr(args)
+    svc = Service(Path(args.workspace), actor="cli")
+    return svc.recover() if recover else svc
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def log_to_stderr(args: argparse.Namespace) -> None:
+    """Log to stderr, every line masked with what this process knows (once)."""
+    import logging
+
+    from airlockd.redact import install_log_redaction
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING,
+            stream=sys.stderr,
+            format="airlockd: %(levelname)s %(name)s: %(message)s",
+        )
+    install_log_redaction()

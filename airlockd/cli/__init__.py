@@ -100,14 +100,14 @@ def _hunk_list(svc: Any, rec: RunRecord) -> dict[str, list[dict[str, Any]]]:
     """path -> its hunks (id, first line in the base, review state), for files that have hunks."""
     out = {}
     for f in rec.files:
-        states = svc.review.hunk_states(rec, f)
+        states = svc.content.hunk_states(rec, f)
         if states:
             out[f.path] = [{"id": h.id, "line": h.old_start + 1, "state": s} for h, s in states]
     return out
 
 
 def cmd_diff(args: argparse.Namespace) -> Any:
-    text = service(args).review.diff(args.run, args.path)
+    text = service(args).content.diff(args.run, args.path)
     if args.json:
         return {"run": args.run, "diff": text}
     sys.stdout.write(text)

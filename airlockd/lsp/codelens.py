@@ -59,7 +59,7 @@ def lenses_for(svc: Service, path: str) -> list[types.CodeLens]:
         f = rec.file(path)
         if f is None or f.state is not FileState.PENDING:
             continue
-        states = svc.review.hunk_states(rec, f)
+        states = svc.content.hunk_states(rec, f)
         if not states:
             out += _lenses(0, rec.id, path, None)
             continue

@@ -237,7 +237,7 @@ async def release_agent(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 
 async def diff(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
     a = parse(DiffArgs, arguments)
-    text = await ls.call(ls.service.review.diff, a.runId, a.path)
+    text = await ls.call(ls.service.content.diff, a.runId, a.path)
     return DiffResult(runId=a.runId, path=a.path, diff=text).wire()
 
 

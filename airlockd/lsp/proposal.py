@@ -20,7 +20,7 @@ from airlockd.pipeline.hunks import Hunk, is_binary
 from airlockd.pipeline.manifest import ChangeKind, Kind
 from airlockd.policy import Decision
 from airlockd.records import FileReview, FileState, RunRecord
-from airlockd.runs.review import Review
+from airlockd.runs.content import ProposalContent
 
 try:  # the editor's line splitting, the same the hunks are computed with
     from airlockd.pipeline.hunks import lines
@@ -107,7 +107,7 @@ def _file_change(f: FileReview, binary: bool, hunk_list: list[protocol.Hunk]) ->
     )
 
 
-def build(review: Review, rec: RunRecord, workspace: Path, support: EditSupport) -> dict[str, Any]:
+def build(content: ProposalContent, rec: RunRecord, workspace: Path, support: EditSupport) -> dict[str, Any]:
     """The proposal of `rec` as `airlock.getProposal` returns it (and `airlock/proposal` pushes)."""
     files: list[protocol.FileChange] = []
     denied: list[protocol.DeniedChange] = []
@@ -119,9 +119,9 @@ def build(review: Review, rec: RunRecord, workspace: Path, support: EditSupport)
             denied.append(protocol.DeniedChange(path=f.path, change=ChangeKind(f.change), rule=f.rule, reason=f.reason))
             continue
         uri = from_fs_path(str(workspace / f.path)) or ""
-        base, new = review.contents(rec, f) if f.kind == Kind.FILE.value else (None, None)
+        base, new = content.contents(rec, f) if f.kind == Kind.FILE.value else (None, None)
         binary = bool((base and is_binary(base)) or (new and is_binary(new)))
-        states = review.hunk_states(rec, f)
+        states = content.hunk_states(rec, f)
         hunk_list: list[protocol.Hunk] = []
         edits: list[types.TextEdit | types.AnnotatedTextEdit] = []
         if states is not None and base is not None:

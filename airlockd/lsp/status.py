@@ -48,7 +48,7 @@ def proposal_for(ls: AirlockServer, run_id: str) -> dict[str, Any]:
     """The proposal of a run for this client (blocking: reads the store and the run's files)."""
     svc = ls.service
     rec = svc.store.get_run(run_id)
-    return proposal.build(svc.review, rec, svc.workspace, proposal.EditSupport.of(ls.client_capabilities))
+    return proposal.build(svc.content, rec, svc.workspace, proposal.EditSupport.of(ls.client_capabilities))
 
 
 async def push_proposal(ls: AirlockServer, run_id: str) -> None:

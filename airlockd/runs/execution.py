@@ -386,7 +386,7 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             rule=c.rule,
         )
     files = screening.screen_changes(svc, rec, files)
-    svc.review.keep_base_blobs(rec.id, files)
+    svc.content.keep_base_blobs(rec.id, files)
     for f in files:
         if f.state is FileState.CONFLICTED:
             svc.audit.append(

@@ -10,7 +10,6 @@ and clock) asked. It is handed narrow collaborators, never the whole Service.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
@@ -19,9 +18,10 @@ from airlockd.agents import sessions as agent_sessions
 from airlockd.errors import AirlockError, StateError
 from airlockd.evidence.audit import AuditLog
 from airlockd.names import under
-from airlockd.pipeline.manifest import Entry, Kind, sha256_file
+from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.records import ConflictCause, FileReview, FileState, RunRecord, RunState, Transition, allowed
 from airlockd.redact import Redactor
+from airlockd.runs.content import keep_base_blob
 from airlockd.state import StateDir
 from airlockd.store import Store
 
@@ -166,7 +166,7 @@ class RunLifecycle:
                 continue
             if f.path in dirty or not at_base(self.workspace, f):
                 continue
-            if not self._keep_base_blob(rec, n, f):
+            if not keep_base_blob(self.workspace, self.state.run_dir(rec.id), n, f):
                 continue
             ready.append((f.path, f.conflict, f.base_blob))
         if not ready:
@@ -191,25 +191,6 @@ class RunLifecycle:
                 causes=sorted({str(c) for p, c, _ in ready if p in cleared}),
             )
         return cleared
-
-    def _keep_base_blob(self, rec: RunRecord, n: int, f: FileReview) -> bool:
-        """A file that moved before inspection has no base copy for its diff and hunks: keep one
-        now that the live file is back to the base. False when that cannot be done."""
-        before = Entry.from_json_or_none(f.before)
-        if f.base_blob or before is None or before.kind is not Kind.FILE:
-            return True
-        blobs = self.state.run_dir(rec.id) / "base"
-        blobs.mkdir(exist_ok=True)
-        blob = blobs / str(n)
-        try:
-            shutil.copyfile(self.workspace / f.path, blob, follow_symlinks=False)
-            if sha256_file(blob) == before.sha256:
-                f.base_blob = str(n)
-                return True
-        except OSError:
-            pass
-        blob.unlink(missing_ok=True)
-        return False
 
     def on_disk_change(
         self, changed: Iterable[str], trees: Iterable[str] = (), dirty: Collection[str] = ()

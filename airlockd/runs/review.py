@@ -1,4 +1,4 @@
-"""Review of a proposal: approve / reject / undo files and hunks, conflict detection, diffs.
+"""Review of a proposal: approve / reject / undo files and hunks, and conflict detection.
 
 Every approval is its own transaction through `pipeline.commit`; a run stays `proposed` while any
 change is pending and settles (RunLifecycle.settle) to `applied` or `rejected` when none is. The
@@ -9,8 +9,6 @@ its pending hunks only.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -21,10 +19,11 @@ from airlockd.evidence.audit import AuditLog
 from airlockd.names import display, under
 from airlockd.pipeline.classify import classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
-from airlockd.pipeline.hunks import Hunk, apply_hunks, hunks, is_binary, unified_diff
-from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, sha256_file
+from airlockd.pipeline.hunks import apply_hunks, hunks
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
+from airlockd.runs.content import ProposalContent
 from airlockd.runs.lifecycle import RunLifecycle
 from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
@@ -54,40 +53,18 @@ class Review:
         policy: Callable[[], Policy],
         actor: Callable[[], str],
         seal: Callable[[RunRecord], None],
+        content: ProposalContent,
     ) -> None:
         self.workspace, self.state, self.store, self.audit = workspace, state, store, audit
         self.lifecycle = lifecycle
         self._policy = policy
         self._actor = actor  # asked at each decision: the daemon acts for whichever door asked
         self._seal = seal
+        self.content = content
 
     @property
     def actor(self) -> str:
         return self._actor()
-
-    # -- after inspection ---------------------------------------------------------------------
-
-    def keep_base_blobs(self, run_id: str, files: list[FileReview]) -> None:
-        """Copy the live content each modified/deleted file was changed against, for diffs and
-        hunks. A live file that no longer matches the staged base is already a conflict."""
-        blobs = self.state.run_dir(run_id) / "base"
-        blobs.mkdir(exist_ok=True)
-        for n, f in enumerate(files):
-            before = Entry.from_json_or_none(f.before)
-            if before is None or before.kind is not Kind.FILE or f.state is FileState.DENIED:
-                continue
-            live = self.workspace / f.path
-            blob = blobs / str(n)
-            try:
-                shutil.copyfile(live, blob, follow_symlinks=False)
-                same = sha256_file(blob) == before.sha256
-            except OSError:
-                same = False
-            if same:
-                f.base_blob = str(n)
-            else:
-                blob.unlink(missing_ok=True)
-                f.state, f.conflict = FileState.CONFLICTED, ConflictCause.MOVED
 
     # -- selection ----------------------------------------------------------------------------
 
@@ -120,7 +97,7 @@ class Review:
         decided as a whole (none of its hunks decided yet, or a change without hunks)."""
         if not f.hunks or f.state is not FileState.PENDING:
             return None
-        states = self.hunk_states(rec, f)
+        states = self.content.hunk_states(rec, f)
         return None if states is None else [h.id for h, s in states if s == "pending"]
 
     def _split(
@@ -340,28 +317,6 @@ class Review:
 
     # -- per hunk -----------------------------------------------------------------------------
 
-    def hunk_texts(self, rec: RunRecord, f: FileReview) -> tuple[str, str] | None:
-        """(base, proposed) text of a modified text file, or None when the change has no hunks
-        (created, deleted, binary, not a file, or its base is no longer kept)."""
-        if f.change != "modified" or f.kind != Kind.FILE.value or f.state is FileState.DENIED:
-            return None
-        old, new = self.contents(rec, f)
-        if old is None or new is None or is_binary(old) or is_binary(new):
-            return None
-        return old.decode(), new.decode()
-
-    def hunk_states(self, rec: RunRecord, f: FileReview) -> list[tuple[Hunk, str]] | None:
-        """Each hunk of a file with its review state; None when the change has no hunks."""
-        texts = self.hunk_texts(rec, f)
-        if texts is None:
-            return None
-        default = {FileState.PENDING: "pending", FileState.CONFLICTED: "conflicted"}.get(f.state, f.state.value)
-        out = []
-        for h in hunks(*texts):
-            state = f.hunks.get(h.id, "pending")
-            out.append((h, default if state == "pending" else state))
-        return out
-
     def _hunk_plan(
         self, rec: RunRecord, selections: Mapping[str, Collection[str]], verdict: str
     ) -> list[tuple[FileReview, tuple[str, str], dict[str, str]]]:
@@ -376,7 +331,7 @@ class Review:
                 raise self._conflict(rec, [f.path], [f.path] if f.conflict is ConflictCause.UNSAVED else ())
             if f.state is not FileState.PENDING:
                 raise StateError(f"{display(f.path)} is {f.state.value}; only pending hunks can be decided")
-            texts = self.hunk_texts(rec, f)
+            texts = self.content.hunk_texts(rec, f)
             if texts is None:
                 raise UsageError(f"{display(f.path)} has no hunks ({f.change}); decide it by path", field="hunks")
             states = {h.id: f.hunks.get(h.id, "pending") for h in hunks(*texts)}
@@ -523,42 +478,3 @@ class Review:
         if rec.state is RunState.APPLIED:
             rec = self.lifecycle.transition(rec, RunState.UNDONE, f"{sum(len(a.paths) for a in todo)} paths restored")
         return rec
-
-    # -- showing ------------------------------------------------------------------------------
-
-    def contents(self, rec: RunRecord, f: FileReview) -> tuple[bytes | None, bytes | None]:
-        """(base, proposed) bytes of one file change; None where the side does not exist."""
-        run_dir = self.state.run_dir(rec.id)
-        old = (run_dir / "base" / f.base_blob).read_bytes() if f.base_blob else None
-        new = None
-        after = Entry.from_json_or_none(f.after)
-        if after is not None and after.kind is Kind.FILE:
-            src = proposed_path(run_dir, f.path)  # the upper layer or the copy
-            new = src.read_bytes() if os.path.lexists(src) else None
-        return old, new
-
-    def diff(self, run_id: str, path: str | None = None) -> str:
-        rec = self.store.get_run(run_id)
-        parts = []
-        for f in rec.files:
-            if path and not under(f.path, path.strip("/")):
-                continue
-            head = f"# {display(f.path)}: {f.change}, {f.decision.value} ({f.rule}: {f.reason}) [{f.state.value}]"
-            if f.kind != Kind.FILE.value or f.state is FileState.DENIED:
-                parts.append(head + "\n")
-                continue
-            old, new = self.contents(rec, f)
-            if (old and is_binary(old)) or (new and is_binary(new)):
-                parts.append(head + f"\nBinary files a/{display(f.path)} and b/{display(f.path)} differ\n")
-                continue
-            if old is None and f.before is not None:
-                parts.append(head + "\n(base content unavailable: the live file changed since staging)\n")
-                continue
-            if new is None and f.after is not None:
-                parts.append(head + "\n(staging copy no longer kept)\n")
-                continue
-            text = unified_diff(
-                f.path, (old or b"").decode(), (new or b"").decode(), created=old is None, deleted=new is None
-            )
-            parts.append(head + "\n" + text)
-        return "\n".join(parts)

@@ -32,6 +32,7 @@ from airlockd.records import RunRecord, RunState, Transition
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.runs import execution, recovery
 from airlockd.runs.containment import RunMonitor
+from airlockd.runs.content import ProposalContent
 from airlockd.runs.lifecycle import RunLifecycle
 from airlockd.runs.review import Review
 from airlockd.sandbox.base import ExitInfo, Sandbox
@@ -121,6 +122,7 @@ class Service:
             release_staging=self.cleanup_staging,
             proposal_ttl_s=lambda: self.policy.defaults.proposal_ttl_s,
         )
+        self.content = ProposalContent(workspace=self.workspace, state=self.state, store=self.store)
         self.review = Review(
             workspace=self.workspace,
             state=self.state,
@@ -130,6 +132,7 @@ class Service:
             policy=lambda: self.policy,
             actor=lambda: self.actor,
             seal=self.seal_live_tree,
+            content=self.content,
         )
 
     def recover(self) -> Service:

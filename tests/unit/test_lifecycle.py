@@ -44,7 +44,7 @@ def _hunk_ids(svc: Service, run_id: str, path: str = "src/big.py") -> list[str]:
     rec = svc.store.get_run(run_id)
     f = rec.file(path)
     assert f is not None
-    return [h.id for h, _ in svc.review.hunk_states(rec, f) or []]
+    return [h.id for h, _ in svc.content.hunk_states(rec, f) or []]
 
 
 def cli(ws: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:

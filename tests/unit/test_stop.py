@@ -19,6 +19,7 @@ from airlockd.lsp.args import parse
 from airlockd.protocol import StopArgs
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import service as service_module
+from airlockd.runs import stopping
 from airlockd.runs.service import Service
 
 
@@ -97,7 +98,7 @@ def _stuck(tmp_path: Path, pid: int) -> tuple[Service, RunRecord]:
 
 def test_past_grace_and_margin_it_says_the_run_is_still_ending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     svc, rec = _stuck(tmp_path, os.getpid())  # a live carrier that never records the end
-    monkeypatch.setattr(service_module, "STOP_MARGIN_S", 0.5)
+    monkeypatch.setattr(stopping, "STOP_MARGIN_S", 0.5)
     t0 = time.monotonic()
     with pytest.raises(StillEnding) as err:
         svc.stop(rec.id, kill=True)

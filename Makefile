@@ -43,7 +43,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check airlockd tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m airlockd.protocol --check $(SCHEMA)
+	$(PY) -m airlockd.schema --check $(SCHEMA)
 	$(VENV)/bin/mypy tests/unit/fakesandbox.py tests/contract/test_sandbox_contract.py
 
 test: image lint vscode code-server
@@ -60,7 +60,7 @@ SCHEMA := $(VSCODE)/schema/airlock.schema.json
 PROTOCOL_TS := $(VSCODE)/src/logic/protocol.gen.ts
 
 protocol: setup $(VSCODE)/node_modules/.ci-stamp
-	$(PY) -m airlockd.protocol --schema > $(SCHEMA)
+	$(PY) -m airlockd.schema --schema > $(SCHEMA)
 	cd $(VSCODE) && npm run --silent protocol < schema/airlock.schema.json > src/logic/protocol.gen.ts
 
 $(VSCODE)/node_modules/.ci-stamp: $(VSCODE)/package.json $(VSCODE)/package-lock.json

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from airlockd import protocol
+from airlockd import schema as wire_schema
 from airlockd.protocol import AgentStatus, ProgressEvent, RunEvent, RunStatus
 from airlockd.records import RunState
 
@@ -85,14 +86,14 @@ def test_optional_fields_are_absent_and_nullable_ones_are_null() -> None:
     assert "conflicts" not in _status().wire()
     assert _status(conflicts=["a"]).wire()["conflicts"] == ["a"]
     assert AgentStatus(agent="bot", quarantined=False, reason=None, runsUsed=0, tokensUsed=0).wire()["reason"] is None
-    schema = protocol.json_schema()["$defs"]
+    schema = wire_schema.json_schema()["$defs"]
     assert schema["RunStatus"]["properties"]["conflicts"] == {"items": {"type": "string"}, "type": "array"}
     assert {"type": "null"} in schema["AgentStatus"]["properties"]["reason"]["anyOf"]
     assert "reason" in schema["AgentStatus"]["required"]
 
 
 def test_enums_on_the_wire() -> None:
-    schema = protocol.json_schema()["$defs"]
+    schema = wire_schema.json_schema()["$defs"]
     assert schema["HunkState"]["enum"] == ["pending", "accepted", "rejected", "conflicted"]
     assert {"created", "modified", "deleted", "type_changed"} <= set(schema["ChangeKind"]["enum"])
     assert schema["FileChange"]["properties"]["state"] == {"$ref": "#/$defs/FileState"}
@@ -111,15 +112,15 @@ def test_enums_on_the_wire() -> None:
 
 
 def test_committed_schema_is_the_generated_one() -> None:
-    committed = (ROOT / protocol.SCHEMA_FILE).read_text()
-    assert committed == protocol.schema_text(), "the schema is stale: run `make protocol` and commit the result"
+    committed = (ROOT / wire_schema.SCHEMA_FILE).read_text()
+    assert committed == wire_schema.schema_text(), "the schema is stale: run `make protocol` and commit the result"
 
 
 def test_check_names_the_command_that_regenerates(tmp_path: Path) -> None:
     stale = tmp_path / "airlock.schema.json"
     stale.write_text("{}\n")
-    cmd = [sys.executable, "-m", "airlockd.protocol", "--check", str(stale)]
+    cmd = [sys.executable, "-m", "airlockd.schema", "--check", str(stale)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert out.returncode == 1 and "make protocol" in out.stderr
-    stale.write_text(protocol.schema_text())
+    stale.write_text(wire_schema.schema_text())
     assert subprocess.run(cmd, capture_output=True, text=True, check=False).returncode == 0

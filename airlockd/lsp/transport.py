@@ -6,6 +6,8 @@ first use). The client's FIRST message must be `initialize` with
 `initializationOptions: {"token": "<token>"}`; it is checked (constant time) before the language
 server sees any byte. Anything else gets one JSON-RPC error and the connection is closed. Only one
 authenticated client at a time; when it disconnects the daemon ends, like a stdio session.
+Every message after the first is capped too (`BoundedReader`: header lines, Content-Length): a
+client that claims more ends its session before any of the body is held.
 `serve.json` in the state directory says where the daemon listens ({host, port, pid}).
 """
 
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_S = 10.0
 MAX_FIRST_MESSAGE = 1 << 20
+# Every later message: a didOpen of a large file fits; a bigger claim ends the session before any
+# of its body is read (LSP framing cannot skip a message it will not read).
+MAX_MESSAGE = 64 << 20
+MAX_HEADER_LINE = 8192
 UNAUTHORIZED = -32001
 _LENGTH = re.compile(rb"^Content-Length: (\d+)\r\n$", re.IGNORECASE)
 
@@ -195,8 +201,38 @@ def authorized(body: bytes, token: str) -> tuple[bool, Any]:
         return False, None
     opts = (msg.get("params") or {}).get("initializationOptions") if isinstance(msg.get("params"), dict) else None
     given = opts.get("token") if isinstance(opts, dict) else None
-    ok = msg.get("method") == "initialize" and isinstance(given, str) and hmac.compare_digest(given, token)
+    # as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a "no")
+    ok = (
+        msg.get("method") == "initialize"
+        and isinstance(given, str)
+        and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
+    )
     return ok, msg.get("id")
+
+
+class OversizedMessage(ValueError):
+    """A header line or a Content-Length over the transport's caps: the session ends."""
+
+
+class BoundedReader:
+    """The reader pygls' message loop gets, with the transport's caps: a header line longer than
+    MAX_HEADER_LINE or a Content-Length over MAX_MESSAGE raises OversizedMessage before the line
+    or body is held in memory. `readline(limit)`/`readexactly(n)` of the wrapped reader."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    async def readline(self) -> bytes:
+        line: bytes = await self.reader.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise OversizedMessage(f"a header line longer than {MAX_HEADER_LINE} bytes")
+        return line
+
+    async def readexactly(self, n: int) -> bytes:
+        if n > MAX_MESSAGE:
+            raise OversizedMessage(f"a message of {n} bytes, over the cap of {MAX_MESSAGE}")
+        data: bytes = await self.reader.readexactly(n)
+        return data
 
 
 class _Replay:
@@ -205,13 +241,13 @@ class _Replay:
     def __init__(self, first: bytes, reader: asyncio.StreamReader) -> None:
         self.buf, self.reader = first, reader
 
-    async def readline(self) -> bytes:
+    async def readline(self, limit: int = MAX_HEADER_LINE + 1) -> bytes:
         if self.buf:
             i = self.buf.find(b"\n")
             if i >= 0:
                 line, self.buf = self.buf[: i + 1], self.buf[i + 1 :]
                 return line
-        line = self.buf + await self.reader.readline()
+        line = self.buf + await _stream_line(self.reader, limit)
         self.buf = b""
         return line
 
@@ -220,6 +256,33 @@ class _Replay:
             take, self.buf = self.buf[:n], self.buf[n:]
             return take + (await self.reader.readexactly(n - len(take)) if len(take) < n else b"")
         return await self.reader.readexactly(n)
+
+
+async def _stream_line(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """A line of at most `limit` bytes (more: what was read, which the caller refuses)."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial  # the end of the stream
+    except asyncio.LimitOverrunError:
+        return await reader.read(limit)
+
+
+class _StdinReader:
+    """Standard input for the message loop, read in a worker thread, lines bounded."""
+
+    def __init__(self, stdin: Any, pool: Any) -> None:
+        self.stdin, self.pool = stdin, pool
+
+    async def readline(self, limit: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        line: bytes = await loop.run_in_executor(self.pool, self.stdin.readline, limit)
+        return line
+
+    async def readexactly(self, n: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        data: bytes = await loop.run_in_executor(self.pool, self.stdin.read, n)
+        return data
 
 
 def _refuse(writer: asyncio.StreamWriter, msg_id: Any, why: str) -> None:
@@ -259,13 +322,17 @@ def serve_tcp(server: Any, state: StateDir, host: str, port: int) -> None:
             return
         async with busy:
             server.protocol.set_writer(writer)
-            await run_async(
-                stop_event=stop_event,
-                reader=_Replay(headers + body, reader),
-                protocol=server.protocol,
-                logger=log,
-                error_handler=server.report_server_error,
-            )
+            try:
+                await run_async(
+                    stop_event=stop_event,
+                    reader=BoundedReader(_Replay(headers + body, reader)),
+                    protocol=server.protocol,
+                    logger=log,
+                    error_handler=server.report_server_error,
+                )
+            except OversizedMessage as exc:
+                log.error("closing the connection from %s: it sent %s", peer, exc)
+                writer.close()
             stop_event.set()
             listening[0].close()
 
@@ -365,7 +432,7 @@ async def _open_control(server: Any, state: StateDir, mode: DaemonMode, on_hando
 
 def _serve_stdio(server: Any, state: StateDir, stdin: Any, stdout: Any) -> None:
     """pygls' stdio loop, with the control socket on the same event loop."""
-    from pygls.io_ import StdinAsyncReader, StdoutWriter, run_async
+    from pygls.io_ import StdoutWriter, run_async
 
     server._stop_event = stop_event = threading.Event()
 
@@ -375,7 +442,7 @@ def _serve_stdio(server: Any, state: StateDir, stdin: Any, stdout: Any) -> None:
         try:
             await run_async(
                 stop_event=stop_event,
-                reader=StdinAsyncReader(stdin, server.thread_pool),
+                reader=BoundedReader(_StdinReader(stdin, server.thread_pool)),
                 protocol=server.protocol,
                 logger=log,
                 error_handler=server.report_server_error,
@@ -387,6 +454,8 @@ def _serve_stdio(server: Any, state: StateDir, stdin: Any, stdout: Any) -> None:
         asyncio.run(main())
     except BrokenPipeError:
         log.error("the connection to the client is lost; shutting down")
+    except OversizedMessage as exc:
+        log.error("the client sent %s; the stream cannot be resynchronised, shutting down", exc)
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:

@@ -129,3 +129,54 @@ def test_a_second_serve_on_the_same_workspace_is_refused(tmp_path: Path) -> None
     finally:
         first.kill()
         first.wait()
+
+
+def test_tcp_survives_any_first_header_and_a_non_ascii_token(tcp_server: Any) -> None:
+    """Hostile first messages (a non-ASCII token, a huge Content-Length, an endless header line,
+    a non-numeric length) are refused or dropped; the daemon stays up and serves a real client."""
+    _, state, info, proc = tcp_server
+    with socket.create_connection(("127.0.0.1", info["port"]), timeout=10) as s:
+        s.sendall(_frame(_initialize("tøken-\u202e-\U0001f600")))
+        reply = _read(s)
+        assert reply is not None and reply["error"]["code"] == -32001
+    for raw in (
+        b"Content-Length: 99999999999999999999999\r\n\r\n{}",
+        b"X-Junk: " + b"a" * 200_000 + b"\r\n\r\n",
+        b"Content-Length: \xff\xfe12\r\n\r\n{}",
+    ):
+        with socket.create_connection(("127.0.0.1", info["port"]), timeout=10) as s:
+            s.sendall(raw)
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(1 << 16) == b""  # closed, unanswered
+    assert proc.poll() is None
+    token = (_state_root(state) / "serve.token").read_text().strip()
+    with socket.create_connection(("127.0.0.1", info["port"]), timeout=10) as s:
+        s.sendall(_frame(_initialize(token)))
+        assert _read(s) is not None
+
+
+def test_an_oversized_message_ends_the_session_cleanly(tcp_server: Any) -> None:
+    """After authentication, a Content-Length over the cap closes the connection before any of the
+    body is held (the sender need not send it), and the daemon ends as a session does."""
+    _, state, info, proc = tcp_server
+    token = (_state_root(state) / "serve.token").read_text().strip()
+    with socket.create_connection(("127.0.0.1", info["port"]), timeout=10) as s:
+        s.sendall(_frame(_initialize(token)))
+        assert _read(s) is not None
+        s.sendall(b"Content-Length: %d\r\n\r\n" % (1 << 40))
+        s.settimeout(20)
+        while s.recv(1 << 16):
+            pass
+    proc.wait(timeout=30)
+    err = proc.stderr.read().decode()
+    assert "over the cap" in err and "Traceback" not in err
+
+
+def test_stdio_oversized_message_is_reported_not_hung(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    proc = _serve(ws, tmp_path / "state")
+    assert proc.stdin is not None
+    proc.stdin.write(b"Content-Length: %d\r\n\r\n" % (1 << 40))
+    proc.stdin.flush()
+    _, err = proc.communicate(timeout=30)
+    assert b"over the cap" in err and b"Traceback" not in err

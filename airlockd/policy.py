@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -182,6 +183,24 @@ class Gateway(_Model):
     key_file: str | None = None
     allowed: list[str] = Field(default_factory=lambda: ["POST /v1/responses"])
     token_ttl_s: float = Field(3600, gt=0)
+    # Which request headers of the agent pass upstream (see gateway/server.py PROVIDER_HEADERS).
+    provider: Literal["openai", "anthropic", "generic"] = "openai"
+    # Set on every forwarded request, replacing whatever the agent sent (account, project, version).
+    headers: dict[str, str] = Field(default_factory=dict)
+    # More request headers the agent may send; credentials and hop headers never pass.
+    pass_headers: list[str] = Field(default_factory=list)
+
+    @field_validator("headers")
+    @classmethod
+    def _header_values(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not re.fullmatch(r"[A-Za-z0-9-]{1,100}", name):
+                raise ValueError(f"header name {name!r} is not a token (letters, digits, '-')")
+            if name.lower() in ("authorization", "x-api-key", "host", "content-length", "cookie"):
+                raise ValueError(f"header {name!r} is set by the gateway itself; remove it")
+            if any(ord(c) < 0x20 or ord(c) > 0x7E for c in value):
+                raise ValueError(f"header {name!r} has a control or non-ASCII character in its value")
+        return v
 
 
 class ClassifierConfig(_Model):

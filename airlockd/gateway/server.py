@@ -39,26 +39,26 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_REQUEST_BODY = 32 * 1024 * 1024
 READ_SIZE = 64 * 1024
-# Headers that describe one hop, or that the gateway sets itself: never copied across.
-_HOP = frozenset(
+# Request headers an agent may send upstream, by provider: what its clients need to be understood
+# (content negotiation, API version and beta switches, SDK telemetry). Everything else is dropped:
+# credentials, cookies, hop headers, and account or project selectors (`OpenAI-Organization`,
+# `OpenAI-Project`), which only the policy sets ([gateway] headers), so an agent cannot bill
+# another organisation the key can reach.
+_PASS_COMMON = frozenset({"content-type", "accept", "user-agent", "idempotency-key", "x-request-id"})
+_PASS_PREFIX_COMMON = ("x-stainless-",)  # the official SDKs' platform telemetry
+PROVIDER_HEADERS: dict[str, frozenset[str]] = {
+    "openai": frozenset({"openai-beta", "originator", "session_id", "conversation_id", "version"}),
+    "anthropic": frozenset({"anthropic-version", "anthropic-beta", "x-app"}),
+    "generic": frozenset(),
+}
+# Never passed, whatever a policy adds: the gateway sets them, or they carry credentials or hops.
+_NEVER = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-        "x-api-key",
-        "accept-encoding",
-        "cookie",
+        "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
+        "accept-encoding", "cookie", "x-goog-api-key", "api-key",
     }
-)
+)  # fmt: skip
 _HOP_RESPONSE = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "set-cookie"}
 )
@@ -74,6 +74,20 @@ class Route:
     upstream: str
     allowed: frozenset[tuple[str, str]]  # (METHOD, /path)
     key: str = field(repr=False)
+    provider: str = "openai"  # which request headers pass (PROVIDER_HEADERS)
+    set_headers: tuple[tuple[str, str], ...] = ()  # set on every forwarded request, replacing the agent's
+    pass_headers: frozenset[str] = frozenset()  # more request headers the policy lets through
+
+    def passes(self, name: str) -> bool:
+        """Whether the agent's request header `name` (lower case) goes upstream."""
+        if name in _NEVER or any(name == k for k, _ in self.set_headers):
+            return False
+        return (
+            name in _PASS_COMMON
+            or name.startswith(_PASS_PREFIX_COMMON)
+            or name in PROVIDER_HEADERS.get(self.provider, frozenset())
+            or name in self.pass_headers
+        )
 
     @classmethod
     def from_policy(cls, gw: Any) -> Route:
@@ -103,7 +117,14 @@ class Route:
                     f"[gateway] allowed entry {entry!r} is not 'METHOD /path'", hint='e.g. "POST /v1/responses"'
                 )
             allowed.add((method.upper(), path.strip()))
-        return cls(gw.upstream.rstrip("/"), frozenset(allowed), key)
+        return cls(
+            gw.upstream.rstrip("/"),
+            frozenset(allowed),
+            key,
+            provider=gw.provider,
+            set_headers=tuple((k.lower(), v) for k, v in gw.headers.items()),
+            pass_headers=frozenset(h.lower() for h in gw.pass_headers),
+        )
 
 
 @dataclass
@@ -254,6 +275,9 @@ class Gateway:
         return self._client
 
     async def _serve(self, gate: RunGate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Requests one after the other on one connection. Token, method and path, the declared
+        size and the budget are checked on the request line and headers, before a byte of the body
+        is read; a refused request closes the connection with its body unread."""
         gate.writers.add(writer)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         try:
@@ -261,20 +285,14 @@ class Gateway:
                 req = await _next(conn, reader)
                 if not isinstance(req, h11.Request):
                     return
-                body = bytearray()
-                too_big = False
-                while True:
-                    ev = await _next(conn, reader)
-                    if isinstance(ev, h11.Data):
-                        if len(body) + len(ev.data) > MAX_REQUEST_BODY:
-                            too_big = True
-                        else:
-                            body += ev.data
-                    elif isinstance(ev, h11.EndOfMessage):
-                        break
-                    else:
-                        return
-                await self._handle(gate, conn, writer, req, bytes(body), too_big)
+                if not await self._admit(gate, conn, writer, req):
+                    return
+                body = await _read_body(conn, reader)
+                if body is None:
+                    where = {"method": req.method.decode("ascii", "replace"), "path": _path(req)[:200]}
+                    await self._refuse(gate, conn, writer, 413, "request body too large", where)
+                    return
+                await self._forward_request(gate, conn, writer, req, body)
                 if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
                     conn.start_next_cycle()
                 else:
@@ -287,19 +305,11 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _handle(
-        self,
-        gate: RunGate,
-        conn: h11.Connection,
-        writer: asyncio.StreamWriter,
-        req: h11.Request,
-        body: bytes,
-        too_big: bool,
-    ) -> None:
+    async def _admit(self, gate: RunGate, conn: h11.Connection, writer: asyncio.StreamWriter, req: h11.Request) -> bool:
+        """Whether the request may proceed (else it has been answered with why)."""
         method = req.method.decode("ascii", "replace").upper()
-        target = req.target.decode("ascii", "replace")
-        path, _, _query = target.partition("?")
-        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in req.headers]
+        path = _path(req)
+        headers = _headers(req)
         where = {"method": method, "path": path[:200]}
         token = _bearer(headers)
         try:
@@ -307,19 +317,31 @@ class Gateway:
                 raise TokenRefused("no run token")
             self.tokens.verify(token, run_id=gate.run_id)
         except TokenRefused as exc:
-            return await self._refuse(gate, conn, writer, 401, f"run token refused: {exc.reason}", where)
+            await self._refuse(gate, conn, writer, 401, f"run token refused: {exc.reason}", where)
+            return False
         if (method, path) not in gate.route.allowed:
             if any(p == path for _, p in gate.route.allowed):
-                return await self._refuse(gate, conn, writer, 405, f"{method} is not allowed on {path}", where)
-            if _suspicious(path):
-                return await self._refuse(gate, conn, writer, 403, "path refused", where)
-            return await self._refuse(gate, conn, writer, 404, f"{path} is not in the gateway's allow-list", where)
-        if too_big:
-            return await self._refuse(gate, conn, writer, 413, "request body too large", where)
+                await self._refuse(gate, conn, writer, 405, f"{method} is not allowed on {path}", where)
+            elif _suspicious(path):
+                await self._refuse(gate, conn, writer, 403, "path refused", where)
+            else:
+                await self._refuse(gate, conn, writer, 404, f"{path} is not in the gateway's allow-list", where)
+            return False
+        declared = next((v for k, v in headers if k == "content-length"), None)
+        if declared is not None and (not declared.strip().isdigit() or int(declared) > MAX_REQUEST_BODY):
+            await self._refuse(gate, conn, writer, 413, "request body too large", where)
+            return False
         if gate.cut:
-            return await self._refuse(gate, conn, writer, 429, "the run's token budget is spent", where)
+            await self._refuse(gate, conn, writer, 429, "the run's token budget is spent", where)
+            return False
+        return True
+
+    async def _forward_request(
+        self, gate: RunGate, conn: h11.Connection, writer: asyncio.StreamWriter, req: h11.Request, body: bytes
+    ) -> None:
         gate.requests += 1
-        await self._forward(gate, conn, writer, method, target, headers, body)
+        method = req.method.decode("ascii", "replace").upper()
+        await self._forward(gate, conn, writer, method, req.target.decode("ascii", "replace"), _headers(req), body)
 
     async def _forward(
         self,
@@ -331,7 +353,12 @@ class Gateway:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> None:
-        out = [(k, v) for k, v in headers if k not in _HOP]
+        route = gate.route
+        out = [(k, v) for k, v in headers if route.passes(k)]
+        dropped = sorted({k for k, _ in headers if not route.passes(k)} - _NEVER)
+        if dropped:
+            log.info("gateway: run %s: request headers not passed upstream: %s", gate.run_id, ", ".join(dropped)[:500])
+        out.extend(route.set_headers)
         out.append(("authorization", f"Bearer {gate.route.key}"))
         if any(k == "x-api-key" for k, _ in headers):
             out.append(("x-api-key", gate.route.key))
@@ -389,7 +416,31 @@ class Gateway:
     ) -> None:
         loop = asyncio.get_running_loop()
         loop.run_in_executor(None, _quietly, gate.on_refused, reason, {**where, "status": status})
-        await _respond(conn, writer, status, {"error": {"message": reason, "type": "airlock_gateway", "code": status}})
+        doc = {"error": {"message": reason, "type": "airlock_gateway", "code": status}}
+        await _respond(conn, writer, status, doc, close=True)
+
+
+def _path(req: h11.Request) -> str:
+    return req.target.decode("ascii", "replace").partition("?")[0]
+
+
+def _headers(req: h11.Request) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in req.headers]
+
+
+async def _read_body(conn: h11.Connection, reader: asyncio.StreamReader) -> bytes | None:
+    """The request's body, or None once it passes MAX_REQUEST_BODY (the rest is left unread)."""
+    body = bytearray()
+    while True:
+        ev = await _next(conn, reader)
+        if isinstance(ev, h11.Data):
+            if len(body) + len(ev.data) > MAX_REQUEST_BODY:
+                return None
+            body += ev.data
+        elif isinstance(ev, h11.EndOfMessage):
+            return bytes(body)
+        else:
+            raise ConnectionError("the request ended inside its body")
 
 
 def _quietly(fn: RefusedHook, reason: str, data: dict[str, Any]) -> None:
@@ -436,9 +487,13 @@ async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: Any) 
         await writer.drain()
 
 
-async def _respond(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, doc: dict[str, Any]) -> None:
+async def _respond(
+    conn: h11.Connection, writer: asyncio.StreamWriter, status: int, doc: dict[str, Any], *, close: bool = False
+) -> None:
     body = json.dumps(doc).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    if close:  # the request's body was left unread: this connection cannot carry another request
+        headers.append(("connection", "close"))
     await _send(conn, writer, h11.Response(status_code=status, headers=_h11_headers(headers)))
     await _send(conn, writer, h11.Data(data=body))
     await _send(conn, writer, h11.EndOfMessage())

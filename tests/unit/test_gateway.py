@@ -49,16 +49,20 @@ def gateway(clock: Clock) -> Iterator[Gateway]:
 
 
 class Run:
-    def __init__(self, gw: Gateway, model: ScriptedModel, tmp: Path, run_id: str, budget: int | None = None) -> None:
+    def __init__(
+        self, gw: Gateway, model: ScriptedModel, tmp: Path, run_id: str, budget: int | None = None, **route: Any
+    ) -> None:
         self.refused: list[tuple[str, dict[str, Any]]] = []
         self.measured: list[int] = []
         self.budget = budget
         d = tmp / run_id
         d.mkdir()
         self.sock = d / "gateway.sock"
-        route = Route(model.url, frozenset({("POST", "/v1/responses")}), REAL_KEY)
         self.token = gw.open_run(
-            run_id, "codex", route, self.sock, ttl_s=60, on_usage=self._usage, on_refused=self._refused
+            run_id,
+            "codex",
+            Route(model.url, frozenset({("POST", "/v1/responses")}), REAL_KEY, **route),
+            self.sock, ttl_s=60, on_usage=self._usage, on_refused=self._refused
         )
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock)), base_url="http://gw", timeout=10)
         self.done = threading.Event()
@@ -230,3 +234,67 @@ def test_route_reads_the_key_from_env_or_file_and_says_when_missing(
     assert "k-file" not in repr(route)
     with pytest.raises(PolicyError, match="METHOD /path"):
         Route.from_policy(GatewayPolicy(allowed=["/v1/responses"], key_file=str(f), key_env=None))
+
+
+def test_only_the_providers_headers_pass_and_the_policy_sets_the_account(
+    gateway: Gateway, model: ScriptedModel, tmp_path: Path
+) -> None:
+    run = Run(gateway, model, tmp_path, "r1", set_headers=(("openai-organization", "org-from-policy"),))
+    model.replies = [Reply([message("hi")], usage(1, 1))]
+    sent = {
+        **_auth(run.token),
+        "OpenAI-Organization": "org-of-someone-else",
+        "OpenAI-Project": "proj-other",
+        "OpenAI-Beta": "responses=v1",
+        "X-Stainless-OS": "Linux",
+        "Cookie": "session=stolen",
+        "X-Forwarded-For": "10.0.0.1",
+        "X-Goog-Api-Key": "AIza-something",
+        "anthropic-version": "2023-06-01",
+    }
+    resp = run.client.post("/v1/responses", json={"model": "m", "input": []}, headers=sent)
+    assert resp.status_code == 200
+    got = model.seen[-1].headers
+    assert got["openai-organization"] == "org-from-policy"
+    assert got["openai-beta"] == "responses=v1" and got["x-stainless-os"] == "Linux"
+    for dropped in ("openai-project", "cookie", "x-forwarded-for", "x-goog-api-key", "anthropic-version"):
+        assert dropped not in got, dropped
+    assert got["authorization"] == f"Bearer {REAL_KEY}"
+
+
+def test_policy_headers_are_validated() -> None:
+    assert GatewayPolicy(provider="anthropic", headers={"anthropic-version": "2023-06-01"}).provider == "anthropic"
+    for bad in ({"Authorization": "x"}, {"bad name": "x"}, {"OpenAI-Project": "a\r\nInjected: 1"}):
+        with pytest.raises(ValueError):
+            GatewayPolicy(headers=bad)
+
+
+def _raw(sock: Path, head: bytes, timeout: float = 5) -> bytes:
+    import socket as socketlib
+
+    with socketlib.socket(socketlib.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(head)  # the body is never sent: an answer must not wait for it
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        return data
+
+
+def test_refusals_come_before_the_body_is_read(gateway: Gateway, model: ScriptedModel, tmp_path: Path) -> None:
+    run = Run(gateway, model, tmp_path, "r1")
+    big = 30 * 1024 * 1024
+    no_token = b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n" % big
+    assert _raw(run.sock, no_token).startswith(b"HTTP/1.1 401")
+    wrong_path = (
+        b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+        % (run.token.encode(), big)
+    )
+    assert _raw(run.sock, wrong_path).startswith(b"HTTP/1.1 404")
+    too_big = (
+        b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+        % (run.token.encode(), 64 * 1024 * 1024)
+    )
+    assert _raw(run.sock, too_big).startswith(b"HTTP/1.1 413")
+    assert not model.seen

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import signal
 import stat
@@ -62,7 +63,11 @@ __all__ = [
     "undo_ops",
 ]
 
+log = logging.getLogger(__name__)
+
 IMPLICIT_DIR_MODE = 0o755  # a missing parent no op describes; the umask must not decide it
+NAME_MAX = 255  # bytes in one path component (Linux filesystems)
+PATH_MAX = 4096  # bytes in a path the kernel accepts, its terminating NUL included
 _checkpoints = itertools.count(1)  # counted per process, for AIRLOCK_CRASH_AT
 
 
@@ -101,6 +106,7 @@ def commit(
     """
     check_txid(txid)
     ordered = _validated(ops)
+    _check_lengths(workspace, txid, ordered)
     state_journal.mkdir(parents=True, exist_ok=True)
     with exclusive(state_journal):
         jpath, bdir = journal_path(state_journal, txid), backup_dir(state_backups, txid)
@@ -138,7 +144,13 @@ def commit(
         # Past the committed marker a failure (even a raising checkpoint) must not roll back:
         # recover() finishes such a journal.
         cp("committed")
-        close_journal(journal, jpath, bdir)
+        try:
+            close_journal(journal, jpath, bdir)
+        except OSError as exc:
+            # The change has landed; only filing its undo record failed. The committed journal
+            # stays where recover() (run at every start, and by `airlockd recover`) files it.
+            log.warning("commit %s landed, but its undo record could not be filed yet (%s)", txid, exc.strerror)
+            return CommitResult(txid, applied, bdir)
         cp("recorded")
     return CommitResult(txid, applied, bdir)
 
@@ -220,6 +232,31 @@ def _validated(ops: list[FileOp]) -> list[FileOp]:
     return sorted(ops, key=lambda o: o.path)
 
 
+def _check_lengths(workspace: Path, txid: str, ops: list[FileOp]) -> None:
+    """Refuse, before anything is written, a name the kernel would refuse half way through
+    (ENAMETOOLONG): a component over NAME_MAX bytes, a path (or the temp file beside it) over
+    PATH_MAX once joined to the workspace."""
+    root = len(os.fsencode(workspace)) + 1
+    problems = []
+    for n, op in enumerate(ops):
+        raw = os.fsencode(op.path)
+        longest = max(len(part) for part in raw.split(b"/"))
+        tmp = len(temp_name(txid, str(n)))
+        if longest > NAME_MAX:
+            problems.append(f"{display(op.path)}: a name of {longest} bytes (at most {NAME_MAX})")
+        elif root + len(raw) + tmp >= PATH_MAX:
+            problems.append(
+                f"{display(op.path)}: a path of {root + len(raw)} bytes in the workspace (at most {PATH_MAX - 1 - tmp})"
+            )
+    if problems:
+        raise CommitError(
+            "refused to commit, nothing was written: "
+            + "; ".join(problems[:20])
+            + (f"; and {len(problems) - 20} more" if len(problems) > 20 else ""),
+            hint="these names cannot exist in the workspace's filesystem; reject those files",
+        )
+
+
 def _parent_status(workspace: Path, path: str, cache: dict[str, str]) -> tuple[str, str]:
     """('dir' | 'missing' | what is in the way, at which ancestor) for `path`'s parents."""
     rel = ""
@@ -251,8 +288,22 @@ def _conflicts(workspace: Path, ops: list[FileOp]) -> tuple[list[tuple[str, str]
         elif not matches(f"{root}/{op.path}", op.base):
             exists = os.path.lexists(workspace / op.path)
             why = "appeared" if op.base is None else "changed" if exists else "was removed"
-            out.append((op.path, f"{why} since the base was recorded"))
+            out.append((op.path, _unreadable(f"{root}/{op.path}", op.base) or f"{why} since the base was recorded"))
     return out, cache
+
+
+def _unreadable(path: str, base: Entry | None) -> str | None:
+    """Why a live file that looks like its base could not be compared, if it could not be read."""
+    if base is None or base.kind is not Kind.FILE:
+        return None
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != base.size:
+            return None
+        hash_copy(path, None)
+    except OSError as exc:
+        return f"cannot be read to compare it with its base: {exc.strerror}"
+    return None
 
 
 def _plan(workspace: Path, txid: str, ops: list[FileOp], parents: dict[str, str]) -> Journal:

@@ -328,7 +328,13 @@ def exclusive(state_journal: Path) -> Iterator[None]:
     The lock is on the journal directory itself, so taking it writes nothing; the kernel drops
     it when the holder dies, so a crash never leaves it stuck.
     """
-    fd = os.open(state_journal, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(state_journal, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CommitError(
+            f"cannot open the commit journal directory {state_journal}: {exc.strerror}; nothing was written",
+            hint="check the state directory's permissions and free space",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -8,13 +8,14 @@ its pending hunks only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airlockd.errors import ConflictError, StateError, UsageError
+from airlockd.errors import CommitError, ConflictError, StateError, UsageError
 from airlockd.evidence.audit import AuditLog
 from airlockd.names import display, under
 from airlockd.pipeline.classify import classify
@@ -248,7 +249,7 @@ class Review:
         while todo and (allow_conflict or not conflicts):
             try:
                 for ops in self._ops(rec, todo):
-                    txid = f"{rec.id}-{len(rec.applied) + len(done) + 1}"
+                    txid = self._txid(rec, len(rec.applied) + len(done) + 1)
                     result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                     done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
                     todo = [f for f in todo if f.path not in result.applied or f.change == "type_changed"]
@@ -256,6 +257,24 @@ class Review:
                 conflicts.extend(exc.paths)
                 todo = [f for f in todo if f.path not in set(exc.paths)]
                 continue
+            except CommitError as exc:
+                # That transaction was rolled back; the ones this decision landed before it are
+                # reversed too, so the decision is all or nothing and the run decidable again.
+                kept = self._reverse(done)
+                rec = self.store.update_run(
+                    rec.id, functools.partial(self._mark, done=kept, conflicts=conflicts, unsaved=dirty_hits)
+                )
+                self.audit.append(
+                    "review.commit_failed",
+                    run=rec.id,
+                    agent=rec.agent,
+                    policy=rec.policy_revision,
+                    by=actor,
+                    reason=exc.message,
+                    reversed=[a.txid for a in done if a not in kept],
+                    kept=[a.txid for a in kept],
+                )
+                raise
             break
         applied = sorted({p for a in done for p in a.paths})
         rec = self.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts, dirty_hits))
@@ -272,6 +291,28 @@ class Review:
         if conflicts and not allow_conflict:
             raise self._conflict(rec, conflicts, dirty_hits)
         return ApproveResult(rec, applied, conflicts)
+
+    def _txid(self, rec: RunRecord, n: int) -> str:
+        """The run's n-th transaction id, past any a reversed decision left on record."""
+        while (self.state.backups / f"{rec.id}-{n}").exists() or (self.state.journal / f"{rec.id}-{n}.json").exists():
+            n += 1
+        return f"{rec.id}-{n}"
+
+    def _reverse(self, done: list[Applied]) -> list[Applied]:
+        """Undo `done`, newest first; the transactions that could not be undone (kept, recorded)."""
+        kept: list[Applied] = []
+        for a in reversed(done):
+            try:
+                commit(
+                    self.workspace,
+                    self.state.journal,
+                    self.state.backups,
+                    f"{a.txid}-undo",
+                    undo_ops(self.workspace, self.state.backups, a.txid),
+                )
+            except (CommitError, ConflictError):
+                kept.append(a)
+        return kept[::-1]
 
     @staticmethod
     def _mark(r: RunRecord, done: list[Applied], conflicts: list[str], unsaved: list[str]) -> None:
@@ -389,7 +430,7 @@ class Review:
                 partial[f.path] = entry.to_json()
         done: list[Applied] = []
         if ops:
-            txid = f"{rec.id}-{len(rec.applied) + 1}"
+            txid = self._txid(rec, len(rec.applied) + 1)
             try:
                 result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
                 done.append(Applied(txid=txid, paths=result.applied, at=time.time()))

@@ -7,6 +7,8 @@ hashes) to the old tree or to the new tree, with no journal and no temp file lef
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import pickle
 import shutil
@@ -19,8 +21,9 @@ from pathlib import Path
 import pytest
 from commitops import ops_from_changes
 
-from airlockd.pipeline.commit import FileOp, commit, recover, undo_ops
-from airlockd.pipeline.manifest import Manifest, diff, scan
+from airlockd.errors import CommitError, ConflictError
+from airlockd.pipeline.commit import FileOp, commit, recover, undo, undo_ops
+from airlockd.pipeline.manifest import Entry, Kind, Manifest, diff, scan
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = """
@@ -125,3 +128,140 @@ def test_an_undo_killed_at_any_point_recovers_to_old_or_new(tmp_path: Path) -> N
     kills, olds, news = crash_loop(tmp_path, prepare, new, old)
     assert kills > len(ops) and olds and news
     print(f"\ncrash test (undo): {kills} kill points, all recovered ({olds} committed tree, {news} undone)")
+
+
+@pytest.mark.parametrize("err", [errno.ENAMETOOLONG, errno.EACCES, errno.ENOSPC, errno.EXDEV])
+def test_a_step_failing_at_any_position_rolls_back_and_the_change_can_be_committed_again(
+    tmp_path: Path, err: int
+) -> None:
+    """The step at position k (backup, mkdir, write, replace, delete, rmdir, chmod, journal)
+    fails with `err`, for every k: the commit raises CommitError naming the cause, the workspace is
+    exactly the old tree, no journal, backup or temp file is left, and the same change then
+    commits (the run is decidable again)."""
+    old_ws = old_tree(tmp_path / "old")
+    staging = tmp_path / "staging"
+    shutil.copytree(old_ws, staging)
+    agent_edit(staging)
+    old, new = scan(old_ws), scan(staging)
+    ops = ops_from_changes(diff(old, new), staging)
+    positions = 0
+    for k in range(1, 500):
+        ws, journal, backups = tmp_path / f"ws{k}", tmp_path / f"j{k}", tmp_path / f"b{k}"
+        shutil.copytree(old_ws, ws)
+        seen: list[str] = []
+
+        def fail_at(label: str, k: int = k, seen: list[str] = seen) -> None:
+            seen.append(label)
+            if len(seen) == k and label not in ("committed", "recorded"):
+                raise OSError(err, os.strerror(err), label)
+
+        try:
+            commit(ws, journal, backups, "tx1", ops, checkpoint=fail_at)
+        except CommitError as exc:
+            assert os.strerror(err) in exc.message and "restored and verified" in exc.message
+            assert scan(ws) == old, f"step {k} ({seen[-1]}): the workspace is not the old tree"
+            assert not list(journal.iterdir()) and not (backups / "tx1").exists()
+            assert not [p for p in ws.rglob("*") if p.name.startswith(".airlock-")], "temp files left"
+            commit(ws, journal, backups, "tx1", ops)  # decidable again: the same change lands
+            assert scan(ws) == new
+            positions += 1
+            shutil.rmtree(ws)
+            continue
+        assert scan(ws) == new  # k is past the last step that can fail
+        break
+    assert positions > len(ops), positions
+    print(f"\nfailing-step test ({errno.errorcode[err]}): {positions} positions, all rolled back")
+
+
+def test_names_the_filesystem_cannot_hold_are_refused_before_any_write(tmp_path: Path) -> None:
+    ws = old_tree(tmp_path / "ws")
+    before = scan(ws)
+    src = tmp_path / "src"
+    src.write_bytes(b"x\n")
+    new = Entry(Kind.FILE, 0o644, 2, hashlib.sha256(b"x\n").hexdigest())
+    too_long_name = FileOp("src/" + "n" * 256, None, new, src)
+    deep = "/".join(["d" * 200] * 21) + "/f.txt"  # each part fits, the whole does not
+    too_long_path = FileOp(deep, None, new, src)
+    ok = FileOp("src/fine.txt", None, new, src)
+    for bad in (too_long_name, too_long_path):
+        with pytest.raises(CommitError, match="refused to commit, nothing was written") as info:
+            commit(ws, tmp_path / "journal", tmp_path / "backups", "tx1", [ok, bad])
+        assert "bytes" in info.value.message
+        assert scan(ws) == before
+        assert not (tmp_path / "journal").exists() or not list((tmp_path / "journal").iterdir())
+
+
+_SYSCALLS = ("open", "write", "link", "replace", "mkdir", "unlink", "rmdir", "chmod", "fchmod")
+
+
+@pytest.mark.parametrize("err", [errno.ENAMETOOLONG, errno.EACCES, errno.ENOSPC, errno.EXDEV])
+def test_a_system_call_failing_inside_any_step_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    """The k-th file-system call the commit engine makes (open, write, link, replace, mkdir,
+    unlink, rmdir, chmod, fchmod: in the middle of a backup, a temp file's write, a rename...)
+    fails with `err`, for every k: the workspace is the old tree, nothing is left behind, and
+    the change commits afterwards."""
+    import types
+
+    from airlockd.pipeline import commit as commit_mod
+    from airlockd.pipeline import journal as journal_mod
+
+    old_ws = old_tree(tmp_path / "old")
+    staging = tmp_path / "staging"
+    shutil.copytree(old_ws, staging)
+    agent_edit(staging)
+    old, new = scan(old_ws), scan(staging)
+    ops = ops_from_changes(diff(old, new), staging)
+    calls = {"n": 0, "fail_at": 0}
+
+    def failing(name: str) -> Callable[..., object]:
+        real = getattr(os, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            calls["n"] += 1
+            if calls["n"] == calls["fail_at"]:
+                raise OSError(err, os.strerror(err), f"{name} (injected)")
+            return real(*args, **kwargs)
+
+        return call
+
+    proxy = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
+    for name in _SYSCALLS:
+        setattr(proxy, name, failing(name))
+    monkeypatch.setattr(commit_mod, "os", proxy)
+    monkeypatch.setattr(journal_mod, "os", proxy)
+    positions = absorbed = 0
+    for k in range(1, 2000):
+        ws, journal, backups = tmp_path / f"ws{k}", tmp_path / f"j{k}", tmp_path / f"b{k}"
+        shutil.copytree(old_ws, ws)
+        calls.update(n=0, fail_at=k)
+        try:
+            commit(ws, journal, backups, "tx1", ops)
+        except (CommitError, ConflictError) as exc:
+            # before the first write: refused as it stands (a file that cannot be read to compare
+            # it is a conflict that says so); after it: rolled back
+            assert "restored and verified" in exc.message or "nothing was written" in exc.message, exc.message
+            calls["fail_at"] = 0
+            assert scan(ws) == old, f"call {k}: the workspace is not the old tree"
+            assert not journal.exists() or not list(journal.iterdir())
+            assert not (backups / "tx1").exists()
+            assert not [p for p in ws.rglob("*") if p.name.startswith(".airlock-")], "temp files left"
+            commit(ws, journal, backups, "tx1", ops)
+            assert scan(ws) == new
+            positions += 1
+            shutil.rmtree(ws)
+            continue
+        calls["fail_at"] = 0
+        assert scan(ws) == new
+        if calls["n"] < k:  # every call of a whole commit went through: no position left
+            break
+        recover(ws, journal, backups)  # files an undo record a failure left unfiled (else a no-op)
+        # the failure was one the engine has a way around (a backup's hard link falls back to a
+        # copy): the commit is whole, and its backups still undo it exactly
+        undo(ws, journal, backups, "tx1")
+        assert scan(ws) == old
+        absorbed += 1
+        shutil.rmtree(ws)
+    assert positions > len(ops)
+    print(f"\nfailing-call test ({errno.errorcode[err]}): {positions} positions rolled back, {absorbed} worked around")

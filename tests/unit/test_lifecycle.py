@@ -291,3 +291,49 @@ def test_a_transition_is_persisted_before_it_is_announced_and_checked(tmp_path: 
     assert got.transitions[-1].state is RunState.REJECTED and got.transitions[-1].detail == "2 rejected"
     assert kinds(list(svc.audit.events(run=rec.id)))[-1] == "run.rejected"
     assert not (svc.state.run_dir(rec.id) / "staging").exists()  # settled: its staging released
+
+
+def test_a_decision_whose_second_transaction_fails_is_reversed_whole_and_can_be_taken_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that changes type lands in two transactions (the old node goes, then the new one
+    comes). When the second fails (rolled back by the engine), the first is reversed too: the
+    workspace is exactly as before, the files are still pending, the failure is audited, and the
+    same decision then lands."""
+    import airlockd.runs.review as review_mod
+    from airlockd.errors import CommitError
+
+    def agent(s: Path) -> bytes:
+        (s / "notes.txt").unlink()
+        (s / "notes.txt").mkdir()
+        (s / "notes.txt" / "index.md").write_text("# notes\n")
+        (s / "src" / "a.py").write_text("A = 2\n")
+        return b"done\n"
+
+    ws = workspace(tmp_path)
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    rec = svc.execute(svc.submit("bot", "restructure").id)
+    assert rec.state is RunState.PROPOSED
+    before = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    real_commit, calls = review_mod.commit, []
+
+    def second_fails(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        if len(calls) == 2:
+            raise CommitError("commit tx failed (OSError: [Errno 28] No space left on device)")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(review_mod, "commit", second_fails)
+    with pytest.raises(CommitError, match="No space left"):
+        svc.review.approve(rec.id)
+    after = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    assert after == before and (ws / "notes.txt").is_file()
+    assert {f.path: f.state for f in svc.store.get_run(rec.id).files if f.path in ("notes.txt", "src/a.py")} == {
+        "notes.txt": FileState.PENDING,
+        "src/a.py": FileState.PENDING,
+    }
+    failed = [e for e in svc.audit.events(rec.id) if e["kind"] == "review.commit_failed"]
+    assert failed and failed[-1]["data"]["reversed"] and not failed[-1]["data"]["kept"]
+    monkeypatch.setattr(review_mod, "commit", real_commit)
+    got = svc.review.approve(rec.id)
+    assert "src/a.py" in got.applied and (ws / "notes.txt" / "index.md").read_text() == "# notes\n"

@@ -124,6 +124,62 @@ def cmd_agents(args: argparse.Namespace) -> Any:
     return None
 
 
+def _verify_audit(svc: Any, args: argparse.Namespace) -> Any:
+    """The chain, the head, then the signed checkpoints; says what that proves and what not."""
+    from airlockd.evidence import signing
+
+    brk = svc.audit.verify()
+    if brk is not None:
+        raise AirlockError(
+            f"audit chain broken at line {brk.line} (seq {brk.seq}): {brk.problem}",
+            hint="the audit log was edited after it was written; keep a copy for investigation",
+            line=brk.line,
+            seq=brk.seq,
+        )
+    if args.public_key_file:
+        try:
+            key = signing.load_public_key(Path(args.public_key_file).read_bytes())
+        except OSError as exc:
+            raise UsageError(f"cannot read the public key {args.public_key_file}: {exc.strerror}") from None
+        source = args.public_key_file
+    else:
+        key = signing.signing_key(svc.state.root).public_key()
+        source = "this state directory's own key"
+    check = signing.verify_checkpoints(svc.audit, key)
+    if not check.ok:
+        raise AirlockError(
+            f"audit NOT verified: {check.problem}",
+            hint="the chain and the head file agree, but the signed checkpoints do not: keep a copy for investigation",
+            events=check.events,
+        )
+    unproven = []
+    if check.last_seq is None or check.last_seq < check.events - 1:
+        after = "all events" if check.last_seq is None else f"events after seq {check.last_seq}"
+        unproven.append(f"{after} rest on the head file alone (no signed checkpoint covers them yet)")
+    if not args.public_key_file:
+        unproven.append(
+            "the checkpoints were checked with the key in the state directory: someone who can read it "
+            "could re-sign a rewritten log; pass --public-key-file with a copy of the public key kept elsewhere"
+        )
+    out = {
+        "ok": True,
+        "events": check.events,
+        "checkpoints": check.checkpoints,
+        "lastCheckpoint": check.last_seq,
+        "key": source,
+        "unproven": unproven,
+    }
+    if args.json:
+        return out
+    print(f"audit chain intact: {check.events} events (none edited, removed, inserted or reordered)")
+    print("head: the log ends with the last event airlockd wrote")
+    covered = f", the last covering seq {check.last_seq}" if check.last_seq is not None else ""
+    print(f"signed checkpoints: {check.checkpoints} verified with {source}{covered}")
+    for line in unproven:
+        print(f"not proven: {line}")
+    return None
+
+
 def cmd_audit(args: argparse.Namespace) -> Any:
     from airlockd.evidence import signing
 
@@ -155,16 +211,7 @@ def cmd_audit(args: argparse.Namespace) -> Any:
         print("verify with: airlockd audit --verify-export FILE --public-key-file KEY.pub (see docs/audit.md)")
         return None
     if args.verify:
-        brk = svc.audit.verify()
-        if brk is None:
-            n = sum(1 for _ in svc.audit.events())
-            return {"ok": True, "events": n} if args.json else print(f"audit chain intact: {n} events")
-        raise AirlockError(
-            f"audit chain broken at line {brk.line} (seq {brk.seq}): {brk.problem}",
-            hint="the audit log was edited after it was written; keep a copy for investigation",
-            line=brk.line,
-            seq=brk.seq,
-        )
+        return _verify_audit(svc, args)
     events = list(svc.audit.events(run=args.run))
     if args.json:
         return events
@@ -315,7 +362,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--export", metavar="FILE", help="write the log as JSON Lines plus FILE.sig (Ed25519)")
     sp.add_argument("--public-key", action="store_true", help="print the public half of the signing key (PEM)")
     sp.add_argument("--verify-export", metavar="FILE", help="check an export with the public key alone")
-    sp.add_argument("--public-key-file", metavar="KEY", help="with --verify-export: PEM, or raw base64")
+    sp.add_argument(
+        "--public-key-file", metavar="KEY", help="with --verify or --verify-export: the public key, PEM or raw base64"
+    )
     sp.add_argument("--signature", metavar="SIG", help="with --verify-export: the signature (default FILE.sig)")
     sp = add("policy", cmd_policy, "kept policy revisions")
     sp.add_argument("action", choices=["show"])

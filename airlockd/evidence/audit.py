@@ -3,16 +3,21 @@
 Each event holds the digest of the one before it, so editing, deleting, inserting or reordering
 any event breaks the chain at that event, which `verify` names. A head file beside the log
 (`audit.jsonl.head`: the last seq and hash, replaced atomically on each append) catches what a
-chain alone cannot: events cut from, or added to, the end. `docs/audit.md` has the format.
+chain alone cannot: events cut from, or added to, the end. With a `signer`, every
+CHECKPOINT_EVERY events a signed checkpoint (seq, hash, time) is appended to
+`audit.jsonl.checkpoints`; someone holding only the public key can then tell a log cut below, or
+rewritten at or before, its last checkpoint (signing.verify_checkpoints), even when the head file
+was rewritten to match. `docs/audit.md` has the format.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,13 @@ from airlockd.fsutil import LOCK_POLL_S
 from airlockd.redact import Redactor
 
 GENESIS = "0" * 64
+CHECKPOINT_EVERY = 64
+Signer = Callable[[bytes], bytes]
+
+
+def checkpoint_message(seq: int, digest: str, at: float) -> bytes:
+    """The exact bytes a checkpoint's signature covers."""
+    return f"airlockd-audit-checkpoint\n{seq}\n{digest}\n{at:.6f}\n".encode()
 
 
 def _digest(event: dict[str, Any]) -> str:
@@ -54,12 +66,24 @@ class ChainBreak:
 
 
 class AuditLog:
-    def __init__(self, path: Path, redactor: Redactor, *, fsync: bool = True, chain: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        redactor: Redactor,
+        *,
+        fsync: bool = True,
+        chain: bool = True,
+        signer: Signer | None = None,
+        checkpoint_every: int = CHECKPOINT_EVERY,
+    ) -> None:
         self.path = path
         self.redactor = redactor
         self.fsync = fsync
         self.chain = chain
+        self.signer = signer
+        self.checkpoint_every = checkpoint_every
         self.head = Path(str(path) + ".head")
+        self.checkpoints = Path(str(path) + ".checkpoints")
         self._lock = FileLock(str(path) + ".lock", timeout=30)
 
     def append(
@@ -99,7 +123,22 @@ class AuditLog:
                 os.close(fd)
             if self.chain:
                 self._write_head(seq, event["hash"])
+                if self.signer is not None and (seq + 1) % self.checkpoint_every == 0:
+                    self._checkpoint(seq, event["hash"])
             return event
+
+    def _checkpoint(self, seq: int, digest: str) -> None:
+        assert self.signer is not None
+        at = round(time.time(), 6)
+        sig = base64.b64encode(self.signer(checkpoint_message(seq, digest, at))).decode()
+        line = json.dumps({"seq": seq, "hash": digest, "at": at, "sig": sig}, sort_keys=True) + "\n"
+        fd = os.open(self.checkpoints, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _write_head(self, seq: int, digest: str) -> None:
         """Replace the head file atomically: readers see the old head or the new one."""
@@ -132,8 +171,15 @@ class AuditLog:
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
             with self.path.open("rb") as fh:
                 brk, last = verify_lines(fh)
-            if brk is not None or not self.head.exists():
+            if brk is not None or (last[0] == 0 and not self.head.exists()):
                 return brk
+            if not self.head.exists():
+                return ChainBreak(
+                    last[0],
+                    last[1],
+                    f"the head file {self.head.name} is missing: events cut from or added to the end "
+                    "cannot be ruled out",
+                )
             try:
                 head = json.loads(self.head.read_bytes())
                 head_seq, head_hash = int(head["seq"]), str(head["hash"])
@@ -157,9 +203,12 @@ class AuditLog:
         return None
 
 
-def verify_lines(lines: Iterable[bytes]) -> tuple[ChainBreak | None, tuple[int, int | None, str]]:
+def verify_lines(
+    lines: Iterable[bytes], keep: dict[int, str] | None = None
+) -> tuple[ChainBreak | None, tuple[int, int | None, str]]:
     """Check a hash chain from its first event: (the first break or None, (events read, last
-    seq, last hash)). Used for the live log and for exports, which need nothing else."""
+    seq, last hash)). Used for the live log and for exports, which need nothing else. With
+    `keep`, the hash of each seq in it is filled in as the chain passes it."""
     prev, expect_seq, count = GENESIS, 0, 0
     last_seq: int | None = None
     for lineno, raw in enumerate(lines, 1):
@@ -182,4 +231,6 @@ def verify_lines(lines: Iterable[bytes]) -> tuple[ChainBreak | None, tuple[int, 
         if seq != expect_seq:
             return ChainBreak(lineno, seq, f"sequence number {seq}, expected {expect_seq}"), (count, last_seq, prev)
         prev, expect_seq, count, last_seq = ev["hash"], expect_seq + 1, count + 1, seq
+        if keep is not None and seq in keep:
+            keep[seq] = prev
     return None, (count, last_seq, prev)

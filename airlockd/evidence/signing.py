@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airlockd.errors import AirlockError, UsageError
-from airlockd.evidence.audit import AuditLog, ChainBreak, verify_lines
+from airlockd.evidence.audit import AuditLog, ChainBreak, checkpoint_message, verify_lines
 from airlockd.fsutil import atomic_write_bytes
 
 KEY_FILE = "audit-signing.key"
@@ -129,3 +130,73 @@ def verify_export(path: Path, public_key: Ed25519PublicKey, sig: Path | None = N
     if brk is not None:
         return ExportCheck(False, count, f"line {brk.line} (seq {brk.seq}): {brk.problem}", brk)
     return ExportCheck(True, count)
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """What the signed checkpoints prove about the live log, with one public key."""
+
+    ok: bool
+    checkpoints: int  # signed checkpoints that verified
+    last_seq: int | None  # the seq the last of them covers
+    events: int
+    problem: str | None = None
+
+
+def verify_checkpoints(audit: AuditLog, public_key: Ed25519PublicKey) -> CheckpointCheck:
+    """Each checkpoint's signature, then the log against each: a log that ends before a
+    checkpoint's seq was cut; one whose event at that seq has another hash was rewritten there
+    (whatever its head file says)."""
+    try:
+        raw = audit.checkpoints.read_bytes() if audit.checkpoints.exists() else b""
+        log = audit.path.read_bytes() if audit.path.exists() else b""
+    except OSError as exc:
+        raise UsageError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    marks: list[tuple[int, str]] = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        try:
+            cp = json.loads(line)
+            seq, digest, at = int(cp["seq"]), str(cp["hash"]), float(cp["at"])
+            public_key.verify(base64.b64decode(cp["sig"], validate=True), checkpoint_message(seq, digest, at))
+        except InvalidSignature:
+            return CheckpointCheck(
+                False, len(marks), None, 0, f"checkpoint {n}: the signature is not this key's (forged)"
+            )
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            return CheckpointCheck(False, len(marks), None, 0, f"checkpoint {n}: unreadable")
+        if marks and seq <= marks[-1][0]:
+            return CheckpointCheck(
+                False, len(marks), None, 0, f"checkpoint {n}: seq {seq} does not follow the one before"
+            )
+        marks.append((seq, digest))
+    keep: dict[int, str] = dict.fromkeys((seq for seq, _ in marks), "")
+    brk, (count, last_seq, _) = verify_lines(log.splitlines(keepends=True), keep)
+    if brk is not None:
+        return CheckpointCheck(False, 0, None, count, f"line {brk.line} (seq {brk.seq}): {brk.problem}")
+    for seq, digest in marks:
+        if last_seq is None or seq > last_seq:
+            return CheckpointCheck(
+                False,
+                len(marks),
+                marks[-1][0],
+                count,
+                f"the log ends at seq {last_seq}, but a signed checkpoint covers seq {seq}: events were cut",
+            )
+        if keep[seq] != digest:
+            return CheckpointCheck(
+                False,
+                len(marks),
+                marks[-1][0],
+                count,
+                f"the event at seq {seq} is not the one signed at its checkpoint: the log was rewritten",
+            )
+    expected = count // audit.checkpoint_every
+    if len(marks) < expected:
+        return CheckpointCheck(
+            False,
+            len(marks),
+            marks[-1][0] if marks else None,
+            count,
+            f"{count} events should have {expected} signed checkpoints, {len(marks)} were found: some were removed",
+        )
+    return CheckpointCheck(True, len(marks), marks[-1][0] if marks else None, count)

@@ -90,7 +90,7 @@ class Service:
         self.redactor = Redactor()
         install_log_redaction()  # every log line of this process is masked with what it knows
         self.store = Store(self.state)
-        self.audit = AuditLog(self.state.audit, self.redactor)
+        self.audit = AuditLog(self.state.audit, self.redactor, signer=self._sign)
         self._sandbox = sandbox
         self._listeners: list[Listener] = []
         self._monitors: dict[str, RunMonitor] = {}
@@ -140,6 +140,13 @@ class Service:
             seal=self.seal_live_tree,
             content=self.content,
         )
+
+    def _sign(self, message: bytes) -> bytes:
+        """The state directory's audit key signs a checkpoint (loaded each time: rare, and a key
+        rotated by hand is picked up)."""
+        from airlockd.evidence.signing import signing_key
+
+        return signing_key(self.state.root).sign(message)
 
     def recover(self) -> Service:
         """The start-up step of a process that may write (a run, a decision, the daemon):

@@ -222,7 +222,7 @@ def test_directories_follow_what_is_inside(tmp_path: Path) -> None:
     assert got["tools"] == (Decision.DENY, "directory")  # strictest inside: a protected file
     assert got["tools/x"] == (Decision.DENY, "directory")
     assert got["empty"] == (Decision.REVIEW, "default")
-    assert got["docs"] == (Decision.AUTO, "rules[3]")  # "docs/" matches the folder itself
+    assert got["docs"] == (Decision.AUTO, "rules[4]")  # "docs/" matches the folder itself
     assert got["old"] == (Decision.AUTO, "directory")
     dir_chmod = one(Change("src", ChangeKind.MODE_CHANGED, d, Entry(Kind.DIR, 0o700)), default)
     assert dir_chmod.decision is Decision.REVIEW
@@ -275,3 +275,29 @@ def test_the_agent_lies_inspect_sees_the_disk(tmp_path: Path) -> None:
     assert out["src"].decision is Decision.REVIEW and out["src"].change.after is not None
     assert stat.S_IMODE(out["src"].change.after.mode) == 0o777
     assert out[".git"].decision is Decision.DENY and out[".git/config"].decision is Decision.DENY
+
+
+def _samples(pattern: str) -> list[str]:
+    """A path the pattern names, at the top and deep down (a pattern without an inner slash, or
+    with a leading **/, matches at any depth)."""
+    name = pattern.removeprefix("**/").replace("*", "x")
+    if name.endswith("/"):
+        name += "file"
+    return [name, f"deep/er/{name}"]
+
+
+def test_files_that_run_on_the_host_are_reviewed_at_any_depth_even_in_auto_mode(tmp_path: Path) -> None:
+    """The default policy's `runs-on-host` rule comes before the ordinary source rules: a
+    conftest.py, a setup.py, a nested package.json, a .nvim.lua, a requirements.txt or a
+    CMakeLists.txt written by an agent waits for a person, wherever it is."""
+    default = load_policy(tmp_path).policy
+    rule = next(r for r in default.rules if r.id == "runs-on-host")
+    assert "sitecustomize.py" in rule.match and ".envrc" in rule.match
+    paths = [p for pattern in rule.match for p in _samples(pattern)]
+    paths += ["tests/conftest.py", "web/app/package.json", "native/build.rs", "sub/.vscode/tasks.json"]
+    for kind in ("created", "modified"):
+        changes = [created(p) if kind == "created" else modified(p) for p in paths]
+        for c in classify(changes, default, ()):
+            assert (c.decision, c.rule) == (Decision.REVIEW, "runs-on-host"), (c.change.path, c.rule)
+    ordinary = {c.change.path: c.decision for c in classify([created("src/app.py"), created("a.txt")], default, ())}
+    assert ordinary == {"src/app.py": Decision.AUTO, "a.txt": Decision.AUTO}

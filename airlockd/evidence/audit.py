@@ -29,12 +29,36 @@ from airlockd.redact import Redactor
 
 GENESIS = "0" * 64
 CHECKPOINT_EVERY = 64
+MAX_STRING = 4096  # characters of one string in an event's data
+MAX_ITEMS = 200  # entries of one list or object in an event's data
 Signer = Callable[[bytes], bytes]
 
 
 def checkpoint_message(seq: int, digest: str, at: float) -> bytes:
     """The exact bytes a checkpoint's signature covers."""
     return f"airlockd-audit-checkpoint\n{seq}\n{digest}\n{at:.6f}\n".encode()
+
+
+def bounded(value: Any, depth: int = 0) -> Any:
+    """`value` with every string cut to MAX_STRING characters and every list or object to
+    MAX_ITEMS entries, each cut saying how much went (an agent's output or change set, however
+    large or deep, makes an event of bounded size). Cuts happen before redaction sees the text."""
+    if isinstance(value, str):
+        if len(value) <= MAX_STRING:
+            return value
+        return value[:MAX_STRING] + f"… [{len(value) - MAX_STRING} more characters]"
+    if depth > 8:
+        return "[nested too deep]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {str(k)[:200]: bounded(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["…"] = f"{len(items) - MAX_ITEMS} more entries"
+        return out
+    if isinstance(value, list | tuple):
+        head = [bounded(v, depth + 1) for v in value[:MAX_ITEMS]]
+        return head + ([f"… {len(value) - MAX_ITEMS} more"] if len(value) > MAX_ITEMS else [])
+    return value
 
 
 def _digest(event: dict[str, Any]) -> str:
@@ -108,7 +132,7 @@ class AuditLog:
                 "run": run,
                 "agent": agent,
                 "policy": policy,
-                "data": self.redactor.value(data),
+                "data": self.redactor.value(bounded(data)),
                 "prev": prev,
             }
             if self.chain:

@@ -119,3 +119,17 @@ def test_the_cli_says_what_it_proved_and_what_not(tmp_path: Path, capsys: pytest
     assert main(["--workspace", str(ws), "audit", "--verify", "--public-key-file", str(pub)]) != 0
     err = capsys.readouterr().err
     assert "audit NOT verified" in err and "covers seq 7" in err
+
+
+def test_an_event_of_any_size_is_bounded_and_says_what_was_cut(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl", Redactor(), fsync=False)
+    nested: object = "bottom"
+    for _ in range(50):
+        nested = [nested]
+    ev = log.append("agent.output", text="x" * 1_000_000, paths=[f"f{i}" for i in range(100_000)], deep=nested)
+    line = log.path.read_bytes().splitlines()[-1]
+    assert len(line) < 64 * 1024
+    assert ev["data"]["text"].endswith("[995904 more characters]")
+    assert ev["data"]["paths"][-1] == "… 99800 more"
+    assert "nested too deep" in json.dumps(ev["data"]["deep"])
+    assert log.verify() is None

@@ -155,7 +155,11 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
             json.dumps({"privateKey": b64_pem[0]}).encode(),
             b64_pem[0][100:140],
         ),
-        *(Sample("private-key-der", name, k[name]) for name in k if name.endswith("-der") and "public" not in name and "cert" not in name),
+        *(
+            Sample("private-key-der", name, k[name])
+            for name in k
+            if name.endswith("-der") and "public" not in name and "cert" not in name
+        ),
         Sample("private-key-der", "der inside a binary file", os.urandom(300) + k["ec-sec1-der"] + os.urandom(300)),
         Sample("private-key-utf16", "utf-16 with bom", pem_text.encode("utf-16")),
         Sample("private-key-utf16", "utf-16-le", pem_text.encode("utf-16-le")),
@@ -192,7 +196,12 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
             password,
         ),
         Sample("url-credentials", ".git-credentials", f"https://bob:{password}@git.example.com\n".encode(), password),
-        Sample("url-credentials", "database url", f"DATABASE_URL=postgres://app:{password}@db:5432/app\n".encode(), password),
+        Sample(
+            "url-credentials",
+            "database url",
+            f"DATABASE_URL=postgres://app:{password}@db:5432/app\n".encode(),
+            password,
+        ),
         Sample(
             "kubeconfig-credential",
             "kubeconfig token",
@@ -214,7 +223,7 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         ),
         Sample("pgpass", "pgpass line", f"db.example.com:5432:app:appuser:{pg_password}\n".encode(), pg_password),
         Sample("pgpass", "pgpass wildcard", f"*:*:*:postgres:{pg_password}\n".encode(), pg_password),
-        Sample("bearer", "authorization header", b"Authorization: Bearer abcdefghijklmnop1234\n", "abcdefghijklmnop1234"),
+        Sample("bearer", "authorization header", b"Authorization: Bearer abcdefghijklmnop1234\n", "abcdefghijklm"),
         Sample("airlock-run-token", "run token", f"{run_token}\n".encode(), run_token),
     ]
     bad_payload = body + "x" * ((1 - len(body)) % 4 or 4)  # 4n+1 characters: no base64 has that length

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pathspec
 from pydantic import (
@@ -32,6 +32,9 @@ from pydantic import (
 
 from airlockd.errors import PolicyError
 from airlockd.resources import resource
+
+if TYPE_CHECKING:
+    from airlockd.redact import ExtraDetector
 
 POLICY_FILE = "policies.toml"
 
@@ -155,18 +158,113 @@ class AgentConfig(_Model):
         return self
 
 
+def _backtracks(items: Any, under_repeat: bool = False) -> str | None:
+    """Why this parsed regex could backtrack without bound (a repeat inside a repeat, an
+    alternation inside a repeat, a backreference), or None."""
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    for op, arg in items:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            lo, hi, body = arg
+            if under_repeat and hi != lo:
+                return "a repeated group holds another repeat"
+            reason = _backtracks(body, under_repeat or hi > 1)
+            if reason:
+                return reason
+        elif op is c.BRANCH:
+            if under_repeat:
+                return "a repeated group holds an alternation"
+            for alt in arg[1]:
+                reason = _backtracks(alt, under_repeat)
+                if reason:
+                    return reason
+        elif op is c.SUBPATTERN:
+            reason = _backtracks(arg[3], under_repeat)
+            if reason:
+                return reason
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            reason = _backtracks(arg[1], under_repeat)
+            if reason:
+                return reason
+        elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+            return "a backreference"
+    return None
+
+
+class CustomDetector(_Model):
+    """A content detector a workspace adds (`[[withhold.custom]]`); it adds to the built-in
+    ones, never replaces or turns one off."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    regex: str = Field(min_length=1, max_length=1000)
+    min_entropy: float = Field(0.0, ge=0.0, le=8.0)  # bits per character of what the regex finds
+    keywords: list[str] = Field(default_factory=list)  # one of them is in every match (any case)
+
+    @field_validator("name")
+    @classmethod
+    def _not_builtin(cls, v: str) -> str:
+        from airlockd.redact import known_detectors
+
+        if v in known_detectors():
+            raise ValueError(f"{v!r} is a built-in detector's name (a built-in cannot be replaced); name it otherwise")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _linear_regex(cls, v: str) -> str:
+        import re
+        from re import _parser  # type: ignore[attr-defined]
+
+        try:
+            compiled = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        if compiled.search(""):
+            raise ValueError("the regex matches the empty string, so every file would be withheld")
+        reason = _backtracks(_parser.parse(v))
+        if reason:
+            raise ValueError(f"the regex could take exponential time ({reason}); write it without nesting")
+        return v
+
+    @field_validator("keywords")
+    @classmethod
+    def _keywords(cls, v: list[str]) -> list[str]:
+        if any(not k for k in v):
+            raise ValueError("an empty keyword; remove it")
+        return v
+
+    @cached_property
+    def detector(self) -> ExtraDetector:
+        import re
+
+        from airlockd.redact import ExtraDetector
+
+        return ExtraDetector(self.name, re.compile(self.regex), self.min_entropy, tuple(self.keywords))
+
+
 class Withhold(_Model):
     patterns: FloorPatterns = Field(default_factory=list)
     detectors: list[str] = Field(default_factory=list)
+    custom: list[CustomDetector] = Field(default_factory=list)
 
     @field_validator("detectors")
     @classmethod
     def _known_detectors(cls, v: list[str]) -> list[str]:
-        from airlockd.redact import DETECTORS
+        from airlockd.redact import known_detectors
 
-        unknown = [d for d in v if d not in DETECTORS]
+        known = known_detectors()
+        unknown = [d for d in v if d not in known]
         if unknown:
-            raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(DETECTORS)}")
+            raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(known)}")
+        return v
+
+    @field_validator("custom")
+    @classmethod
+    def _unique_names(cls, v: list[CustomDetector]) -> list[CustomDetector]:
+        names = [d.name for d in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"custom detector name(s) {twice} given twice; give each its own name")
         return v
 
 

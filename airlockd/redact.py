@@ -6,21 +6,67 @@ the patterns plus the exact values it was told about (values of withheld files, 
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import re
 import threading
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 MASK = "[REDACTED]"
 
+# Sources of the patterns (adapted, not invented, where a kept catalogue has the format; each
+# catalogue's rule id is named beside its pattern):
+# - gitleaks, config/gitleaks.toml (MIT licence, Copyright (c) 2019 Zachary Rice),
+# - detect-secrets 1.5.0, detect_secrets/plugins/ (Apache-2.0, Yelp),
+# - Nosey Parker, crates/noseyparker/data/default/builtin/rules/ (Apache-2.0, Praetorian).
+# Every pattern runs in linear time: no nested quantifier that can backtrack, every lazy scan ends
+# at a literal or at the end (tests/unit/test_detector_corpus.py times a 1 MB hostile input each).
+
+_B64URL = "[A-Za-z0-9_-]"
+# An unpadded base64url segment of a length a canonical encoder writes (never 4n+1 characters; the
+# unused bits of the last character zero), so a JWT-shaped string with broken parts is not a JWT.
+_B64URL_TAIL = f"(?:{_B64URL}[AQgw]|{_B64URL}{{2}}[AEIMQUYcgkosw048])?"
+_JWT_JSON_PART = f"eyJ{_B64URL}(?:{_B64URL}{{4}}){{3,}}{_B64URL_TAIL}"  # '{"' ... : a JSON object
+
+
+def _b64_stable(raw: bytes) -> list[str]:
+    """The base64 text of `raw` at each of the 3 alignments it can have inside a longer base64
+    stream: only the characters whose 6 bits all come from `raw`."""
+    out = []
+    for shift in range(3):
+        enc = base64.b64encode(b"\0" * shift + raw + b"\0\0").decode()
+        first = -(-8 * shift // 6)
+        last = (8 * (shift + len(raw))) // 6
+        out.append(enc[first:last])
+    return out
+
+
+# '-----BEGIN ' and 'PRIVATE KEY' as they appear in a base64-encoded PEM, at every alignment.
+PEM_BEGIN_B64 = _b64_stable(b"-----BEGIN ")
+PEM_PRIVATE_KEY_B64 = _b64_stable(b"PRIVATE KEY")
+
 # name -> regex over text; each pattern finds a secret, not a hint of one.
 DETECTORS: dict[str, re.Pattern[str]] = {
+    # gitleaks `private-key` header (any case, any key type); the block is masked to its END line
+    # or, when cut short, to the end of the text.
     "private-key": re.compile(
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+        r"(?i)-----BEGIN[ A-Z0-9_-]{0,40}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+        r"(?:-----END[ A-Z0-9_-]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)"
+    ),
+    # detect-secrets PrivateKeyDetector ('PuTTY-User-Key-File-2'), with format 3 (PuTTY 0.75+);
+    # masked through the Private-MAC line.
+    "putty-private-key": re.compile(
+        r"PuTTY-User-Key-File-[0-9]+:[ \t]*[\w-]+[\s\S]*?(?:Private-MAC:[ \t]*[0-9A-Fa-f]+|\Z)"
+    ),
+    # Nosey Parker np.pem.2 (base64 of a PEM private key, as in a kubeconfig `client-key-data`),
+    # for any key type and at all 3 base64 alignments, not only the RSA/DSA/EC headers at offset 0.
+    "private-key-base64": re.compile(
+        "(?:" + "|".join(PEM_BEGIN_B64) + ")[A-Za-z0-9+/]{0,60}?"
+        "(?:" + "|".join(PEM_PRIVATE_KEY_B64) + ")[A-Za-z0-9+/]*={0,2}"
     ),
     "aws-access-key": re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"),
     "github-token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
@@ -30,16 +76,80 @@ DETECTORS: dict[str, re.Pattern[str]] = {
     "anthropic-key": re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}\b"),
     "google-api-key": re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"),
     "stripe-key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"),
-    "jwt": re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"),
+    # gitleaks `jwt` (header and payload are base64url JSON objects: 'eyJ'), with every part held
+    # to a length and last character a base64url encoder can produce; the signature may be empty.
+    "jwt": re.compile(
+        f"(?<!{_B64URL}){_JWT_JSON_PART}\\.{_JWT_JSON_PART}\\.(?:(?:{_B64URL}{{4}})*{_B64URL_TAIL})(?!{_B64URL})"
+    ),
+    # Nosey Parker np.azure.1 and detect-secrets AzureStorageKeyDetector: the key of an Azure
+    # storage or service-bus / event-hub connection string (`AccountKey=`, `SharedAccessKey=`).
+    "azure-connection-string": re.compile(
+        r"\b(?:AccountKey|SharedAccessKey)[ \t]*=[ \t]*[A-Za-z0-9+/]{20,100}={0,3}(?![A-Za-z0-9+/=])"
+    ),
+    # detect-secrets BasicAuthDetector: `scheme://user:password@host` (a .git/config remote URL,
+    # .git-credentials); RFC 3986 delimiters are never part of the user or the password, so
+    # `ssh://git@host`, `https://user@host` and `http://host:8080/` are not credentials.
+    "url-credentials": re.compile(r"://[^:/?#\[\]@!$&'()*+,;=\s]+:[^:/?#\[\]@!$&'()*+,;=\s]+@"),
+    # A kubeconfig user's credential (no catalogue has one: gitleaks and Nosey Parker match only
+    # Secret manifests and bootstrap tokens): a `user:` mapping whose token, password, OIDC
+    # tokens, client secret or client key data follow within a few indented lines.
+    "kubeconfig-credential": re.compile(
+        r"(?m)^[ \t]*user:[ \t]*\r?\n(?:[ \t]{1,40}\S[^\n]{0,120}\n){0,6}?[ \t]{1,40}"
+        r"(?:token|password|id-token|refresh-token|access-token|client-secret|client-key-data):"
+        r"[ \t]*[\"']?[^\s\"']{8,}"
+    ),
+    # A .pgpass line, `hostname:port:database:username:password` (PostgreSQL's libpq-pgpass
+    # format; no catalogue has one): the port a number or `*`, the host a name, an address or `*`,
+    # exactly five fields (an /etc/passwd line has seven).
+    "pgpass": re.compile(
+        r"(?m)^(?=[^\s:]*[A-Za-z.*])[^\s:#][^\s:]*:(?:[0-9]{1,5}|\*):[^\s:]+:[^\s:]+:"
+        r"(?:[^\s:\\]|\\.){3,}[ \t]*\r?$"
+    ),
     "bearer": re.compile(r"(?i)\b(?:authorization\s*[:=]\s*)?bearer\s+[A-Za-z0-9._~+/=\-]{12,}"),
     "airlock-run-token": re.compile(r"\balrt_[A-Za-z0-9_\-.]{20,}"),
 }
+
+# Detectors of raw bytes, not text (airlockd/staging/secretscan.py holds them): a private key in
+# DER (PKCS#1, PKCS#8, SEC1, OpenSSH's binary form) or a PEM private key written in UTF-16. A
+# policy names them like DETECTORS; the Redactor has nothing to mask for them (output is text).
+BYTE_DETECTORS = ("private-key-der", "private-key-utf16")
+
+
+def known_detectors() -> list[str]:
+    """Every built-in detector name a policy may list."""
+    return [*DETECTORS, *BYTE_DETECTORS]
+
 
 # key = value assignments whose value looks random enough to be a credential.
 _ASSIGNMENT = re.compile(
     r"(?i)(?P<key>[A-Za-z0-9_.\-]*(?:secret|token|passw(?:or)?d|api[_-]?key|access[_-]?key|"
     r"private[_-]?key|credential|auth)[A-Za-z0-9_.\-]*)(?P<sep>\s*[:=]\s*[\"']?)(?P<value>[^\s\"'`,;]{12,})"
 )
+
+
+@dataclass(frozen=True)
+class ExtraDetector:
+    """A detector a workspace's policy adds (`[[withhold.custom]]`): a regex, and the least
+    Shannon entropy (bits per character) of what it finds (its first group, if it has one, else
+    the whole match) for that to count as a secret."""
+
+    name: str
+    pattern: re.Pattern[str]
+    min_entropy: float = 0.0
+    keywords: tuple[str, ...] = ()  # one of them, in any case, is in every match (a pre-filter)
+
+    def finds(self, m: re.Match[str]) -> bool:
+        found = m.group(1) if self.pattern.groups else m.group(0)
+        return bool(found) and shannon_entropy(found) >= self.min_entropy
+
+    def search(self, text: str) -> bool:
+        return any(self.finds(m) for m in self.pattern.finditer(text))
+
+    def found(self, text: str) -> list[str]:
+        return [m.group(0) for m in self.pattern.finditer(text) if self.finds(m)]
+
+    def mask(self, text: str) -> str:
+        return self.pattern.sub(lambda m: MASK if self.finds(m) else m.group(0), text)
 
 
 def shannon_entropy(s: str) -> float:
@@ -74,6 +184,7 @@ class Redactor:
         self._lock = threading.Lock()
         self._values: set[str] = set()
         self._values_re: re.Pattern[str] | None = None
+        self._extra: dict[ExtraDetector, ExtraDetector] = {}
         self.add(*values)
         _LIVE.add(self)  # so logs and error messages of this process mask what it knows
 
@@ -81,10 +192,23 @@ class Redactor:
         """Register every secret the patterns find in `text` as an exact value, so a later copy
         of it without its telltale context (a bare value echoed by the agent) is masked too."""
         found = [m for _, m in find_secrets(text)]
+        for extra in list(self._extra.values()):
+            found.extend(extra.found(text))
         for m in _ASSIGNMENT.finditer(text):
             if shannon_entropy(m.group("value")) >= 3.0:
                 found.append(m.group("value"))
         self.add(*found)
+
+    def add_detectors(self, *detectors: ExtraDetector) -> None:
+        """Mask what these detectors find too (a workspace's own). Never forgets one: a policy
+        reload that drops a detector keeps masking with it in this process."""
+        with self._lock:
+            for d in detectors:
+                self._extra.setdefault(d, d)
+
+    @property
+    def masks_more_than_patterns(self) -> bool:
+        return self._values_re is not None or bool(self._extra)
 
     def known_in(self, text: str) -> bool:
         """Whether `text` holds one of the registered values (never says which)."""
@@ -129,6 +253,8 @@ class Redactor:
             s = values_re.sub(MASK, s)
         for pat in DETECTORS.values():
             s = pat.sub(MASK, s)
+        for extra in list(self._extra.values()):
+            s = extra.mask(s)
 
         def _assign(m: re.Match[str]) -> str:
             value = m.group("value")
@@ -159,7 +285,7 @@ def scrub(obj: Any) -> Any:
     """Redact with the patterns and with every value any live Redactor of this process knows."""
     obj = _PATTERNS_ONLY.value(obj)
     for red in list(_LIVE):
-        if red._values_re is not None:
+        if red.masks_more_than_patterns:
             obj = red.value(obj)
     return obj
 

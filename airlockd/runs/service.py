@@ -95,6 +95,7 @@ class Service:
         self._listeners: list[Listener] = []
         self._monitors: dict[str, RunMonitor] = {}
         self.loaded = self._load_policy()
+        self.redactor.add_detectors(*(d.detector for d in self.policy.withhold.custom))
         self._learn_gateway_key()
         # withheld values are masked in whatever this process prints, even input echoed in an error
         lowest = min(
@@ -184,6 +185,7 @@ class Service:
         old = self.loaded.revision
         try:
             self.loaded = self._load_policy()
+            self.redactor.add_detectors(*(d.detector for d in self.policy.withhold.custom))
             self.keep_revision()
         except PolicyError as exc:
             self.audit.append("policy.reload_failed", policy=old, error=exc.message)

@@ -149,7 +149,7 @@ class StagingWalk:
         self.owner = owner
         self.redactor = redactor
         self.progress = progress
-        self.scanner = SecretScanner(policy.withhold.detectors)
+        self.scanner = SecretScanner(policy.withhold.detectors, [d.detector for d in policy.withhold.custom])
         self.withheld_path = _AnyPattern(policy.withhold.patterns)
         # Only labels above the clearance matter: a path is above it when any of them matches.
         self.above = _AnyPattern(p for p, lvl in policy.labels.items() if lvl.rank > clearance.rank)

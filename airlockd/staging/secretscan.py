@@ -1,85 +1,222 @@
-"""Content detectors over bytes, fast: which withheld-content detector (redact.DETECTORS) fires on
-a buffer, with a byte pre-search so a clean file costs a few passes, never a regex per detector."""
+"""Content detectors over bytes, fast: which withheld-content detector fires on a buffer, with a
+byte pre-search so a clean file costs a few passes, never a regex per detector.
+
+Text detectors are redact.DETECTORS (also the Redactor's patterns), run on the buffer decoded as
+UTF-8. Detectors of bytes live here (redact.BYTE_DETECTORS names them): private keys in DER and
+PEM private keys written in UTF-16. A workspace's own detectors (`[[withhold.custom]]`) run as
+text detectors, anchored on their regex's literal prefix or on their keywords.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from airlockd.redact import DETECTORS
+from airlockd.redact import DETECTORS, PEM_BEGIN_B64, ExtraDetector
 
-# Bytes every match of a detector contains (ASCII, so they survive decoding as they are), with
-# the digest of the detector's pattern they were derived from. A byte search for these decides
-# whether the full regexes need to run at all; anchors are chosen to share first bytes (A, g, s,
-# k, x) because each distinct first byte costs one pass over the data, and to be rare in code
-# ("k-" would be one pass fewer, but kebab-case is everywhere). If redact.py changes a
-# pattern, its digest no longer matches and that detector's regex runs on every file instead:
-# slower, never unsound (tests/unit/test_staging.py says so when that happens).
+# Bytes every match of a detector contains, with the digest of the detector's pattern they were
+# derived from. A byte search for these decides whether the full regexes need to run at all;
+# anchors are chosen to share first bytes (A, g, s, k, x, -, :) because each distinct first byte
+# costs one pass over the data, and to be rare in code ("k-" would be one pass fewer, but
+# kebab-case is everywhere). If redact.py changes a pattern, its digest no longer matches and that
+# detector's regex runs on every file instead: slower, never unsound (tests/unit/test_staging.py
+# says so when that happens).
 _ANCHORS: dict[str, tuple[str, bytes]] = {
-    "private-key": ("f856091f3d556f15", rb"ATE KEY"),  # in "PRIVATE KEY"
+    "private-key": ("3cc1ffc36e87de82", rb"-----[Bb][Ee][Gg][Ii][Nn]"),
+    "putty-private-key": ("0934ab77b9c91e2a", rb"-User-Key-File-"),
+    # 'LS0t' is in the base64 of '-----BEGIN ' at all 3 alignments (redact.PEM_BEGIN_B64).
+    "private-key-base64": (
+        "f7adf45b098d95a5",
+        b"|".join(re.escape(s[s.index("LS0t") :].encode()) for s in PEM_BEGIN_B64),
+    ),
     "aws-access-key": ("727795ee3eaf9378", rb"A(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA|IPA)"),
     "google-api-key": ("0427d531b30efad8", rb"AIza"),
+    "azure-connection-string": ("44799d1787f1c2d1", rb"AccountKey|AccessKey"),
     "github-token": ("757c4200279c3eb3", rb"gh[pousr]_|github_pat_"),
     "gitlab-token": ("ef8b678fd2828638", rb"glpat-"),
     "openai-key": ("6e1338a1e18fd390", rb"sk-"),
     "anthropic-key": ("76071ca8c52d7c1a", rb"sk-ant-"),
     "stripe-key": ("863b156ae6772cd1", rb"k_(?:live|test)_"),
     "slack-token": ("9543435bd5c8c847", rb"xox[abposr]-"),
-    "jwt": ("2fc11bf80db867ff", rb"eyJ"),
+    "kubeconfig-credential": ("645549db45d33a37", rb"ser:"),  # in "user:"; shares the 's' pass
+    "jwt": ("9d5e853d31750eb6", rb"eyJ"),
+    # the whole pattern as bytes: a search for it is as cheap as one for '://'
+    "url-credentials": ("ee20fb3d76e90476", rb"://[^:/?#\[\]@!$&'()*+,;=\s]+:[^:/?#\[\]@!$&'()*+,;=\s]+@"),
+    "pgpass": ("5e3844df120937e0", rb":(?:[0-9]{1,5}|\*):"),  # the port field
     "airlock-run-token": ("29083fd9c47eddd2", rb"alrt_"),
 }
+
+# -- detectors of bytes --------------------------------------------------------------------------
+
+_ANY = rb"[\x00-\xff]"
+_DER_LEN = rb"(?:[\x00-\x7f]|\x81[\x80-\xff]|\x82[\x00-\xff]{2})"
+# Private keys in DER, recognised by their ASN.1 opening (RFC 8017 A.1.2, RFC 5208/5958, RFC 5915)
+# and OpenSSH's binary key format (PROTOCOL.key). Every alternative holds a zero byte, so a buffer
+# without one is never searched. Public keys (SubjectPublicKeyInfo, RSAPublicKey) and
+# certificates have no version INTEGER 0 before their algorithm or modulus, so they do not match.
+_DER_KEY = re.compile(
+    # PKCS#1 RSAPrivateKey: SEQUENCE { version 0, modulus INTEGER (positive: a leading 0x00) ...
+    rb"\x30\x82" + _ANY + rb"{2}\x02\x01\x00\x02(?:\x81" + _ANY + rb"|\x82" + _ANY + rb"{2})\x00"
+    # PKCS#8 PrivateKeyInfo v1: SEQUENCE { version 0, AlgorithmIdentifier { OID of RSA, RSA-PSS,
+    # EC, DSA, X25519, X448, Ed25519, Ed448 } ...
+    rb"|\x30" + _DER_LEN + rb"\x02\x01\x00\x30[\x00-\x7f]\x06(?:\x09\x2a\x86\x48\x86\xf7\x0d\x01\x01[\x01\x0a]"
+    rb"|\x07\x2a\x86\x48(?:\xce\x3d\x02\x01|\xce\x38\x04\x01)|\x03\x2b\x65[\x6e-\x71])"
+    # SEC1 ECPrivateKey: SEQUENCE { version 1, OCTET STRING key (P-256/384/521), [0] curve,
+    # [1] public key BIT STRING (0 unused bits, uncompressed point) }
+    rb"|\x30" + _DER_LEN + rb"\x02\x01\x01\x04(?:\x20" + _ANY + rb"{32}|\x30" + _ANY + rb"{48}|\x42" + _ANY + rb"{66})"
+    rb"\xa0[\x00-\x7f]\x06[\x05-\x09]" + _ANY + rb"{5,9}\xa1" + _DER_LEN + rb"\x03" + _DER_LEN + rb"\x00\x04"
+    rb"|openssh-key-v1\x00"
+)
+_DER_ANCHOR = rb"\x02\x01[\x00\x01]|openssh-key-v1\x00"
+_UTF16_ANCHOR = rb"-\x00-\x00-\x00-\x00-\x00[Bb]\x00[Ee]\x00[Gg]"  # LE; BE from its second byte
+
+
+def _utf16_private_key(span: bytes) -> bool:
+    """A PEM private key in UTF-16 (LE or BE, with or without a byte-order mark): BE read as LE
+    from one byte on is the same text, so both parities are read as LE."""
+    pem = DETECTORS["private-key"]
+    return any(pem.search(span[parity:].decode("utf-16-le", "replace")) for parity in (0, 1))
+
+
+def _der_private_key(span: bytes) -> bool:
+    return _DER_KEY.search(span) is not None
+
+
+@dataclass
+class _Group:
+    """Detectors whose anchors are searched as one regex (they share a first byte)."""
+
+    anchors: list[bytes] = field(default_factory=list)
+    text: list[tuple[str, Callable[[str], bool]]] = field(default_factory=list)
+    raw: list[tuple[str, Callable[[bytes], bool]]] = field(default_factory=list)
+    gate: bytes = b""  # a byte string every match holds: without it the group is not searched
+    flags: int = 0
+    regex: re.Pattern[bytes] = field(init=False)
+
+    def compile(self) -> _Group:
+        self.regex = re.compile(b"|".join(self.anchors), self.flags)
+        return self
+
+
+def _searcher(pattern: re.Pattern[str]) -> Callable[[str], bool]:
+    return lambda text: pattern.search(text) is not None
 
 
 def _digest(pattern: str) -> str:
     return hashlib.sha256(pattern.encode()).hexdigest()[:16]
 
 
+def literal_prefix(pattern: re.Pattern[str]) -> str:
+    """The literal text every match of `pattern` starts with ("" if none is certain)."""
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    if pattern.flags & (re.IGNORECASE | re.VERBOSE):
+        return ""
+    out = []
+    for op, arg in _parser.parse(pattern.pattern):
+        if op is not c.LITERAL:
+            break
+        out.append(chr(arg))
+    return "".join(out)
+
+
 class SecretScanner:
-    """Finds one of `names` (redact.DETECTORS) whose regex matches a buffer decoded as UTF-8 with
-    replacement, or None. Anchors sharing a first byte are searched as one regex, so a clean
-    buffer costs five byte searches with the default detectors. Where anchors occur, the
-    detectors they stand for run on the text around them (MARGIN bytes each side, more than any
-    secret they find; overlapping spans merged, so never more than the whole buffer)."""
+    """Finds one of `names` (redact.DETECTORS and BYTE_DETECTORS) or of a policy's `extra`
+    detectors that fires on a buffer, or None. Anchors sharing a first byte are searched as one
+    regex, so a clean text buffer costs a few byte searches with the default detectors. Where
+    anchors occur, the detectors they stand for run on the lines around them (MARGIN bytes each
+    side, widened to whole lines; overlapping spans merged, so never more than the whole buffer).
+    Every built-in match is shorter than MARGIN from its anchor or ends within its line, so a span
+    finds what the detector finds on the whole buffer."""
 
-    MARGIN = 512
-    overlap = 4096  # bytes carried between chunks of a streamed file (>= 2 * MARGIN)
+    MARGIN = 1024
+    overlap = 65536  # bytes carried between chunks of a streamed file: a secret up to this long is
+    # found whole in one of the windows whichever chunk boundary it straddles
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], extra: Iterable[ExtraDetector] = ()) -> None:
         self.names = list(dict.fromkeys(names))
-        groups: dict[bytes, list[tuple[bytes, str]]] = {}
-        self.unanchored: list[str] = []
+        groups: dict[bytes, _Group] = {}
+        self._unanchored: list[tuple[str, Callable[[str], bool]]] = []
         for name in self.names:
+            if name == "private-key-der":
+                group = groups.setdefault(b"der", _Group(gate=b"\x00"))
+                group.anchors.append(_DER_ANCHOR)
+                group.raw.append((name, _der_private_key))
+                continue
+            if name == "private-key-utf16":
+                group = groups.setdefault(b"utf16", _Group(gate=b"\x00"))
+                group.anchors.append(_UTF16_ANCHOR)
+                group.raw.append((name, _utf16_private_key))
+                continue
+            search = _searcher(DETECTORS[name])
             digest, anchor = _ANCHORS.get(name, ("", b""))
             if not anchor or digest != _digest(DETECTORS[name].pattern):
-                self.unanchored.append(name)
+                self._unanchored.append((name, search))
             else:
-                groups.setdefault(anchor[:1], []).append((anchor, name))
-        self.groups = [(re.compile(b"|".join(a for a, _ in g)), [n for _, n in g]) for g in groups.values()]
+                group = groups.setdefault(anchor[:1], _Group())
+                group.anchors.append(anchor)
+                group.text.append((name, search))
+        for det in extra:
+            self.names.append(det.name)
+            prefix = literal_prefix(det.pattern).encode()
+            if prefix:
+                group = groups.setdefault(prefix[:1], _Group())
+                group.anchors.append(re.escape(prefix))
+            elif det.keywords:  # the policy's word that one of them, in any case, is in every match
+                group = groups.setdefault(b"custom:" + det.name.encode(), _Group(flags=re.IGNORECASE))
+                group.anchors.extend(re.escape(k.encode()) for k in det.keywords)
+            else:
+                self._unanchored.append((det.name, det.search))
+                continue
+            group.text.append((det.name, det.search))
+        self.groups = [g.compile() for g in groups.values()]
+        self.unanchored = [name for name, _ in self._unanchored]  # each runs on every buffer
 
     def first_hit(self, data: bytes) -> str | None:
-        for anchor, names in self.groups:
-            first = anchor.search(data)
+        for group in self.groups:
+            if group.gate and group.gate not in data:
+                continue
+            first = group.regex.search(data)
             if first is None:
                 continue
-            texts = [data[lo:hi].decode("utf-8", "replace") for lo, hi in self._spans(anchor, data, first)]
-            for name in names:
-                if any(DETECTORS[name].search(t) for t in texts):
+            spans = [data[lo:hi] for lo, hi in self._spans(group.regex, data, first)]
+            for name, search_raw in group.raw:
+                if any(search_raw(s) for s in spans):
                     return name
-        if self.unanchored:
+            if group.text:
+                texts = [s.decode("utf-8", "replace") for s in spans]
+                for name, search in group.text:
+                    if any(search(t) for t in texts):
+                        return name
+        if self._unanchored:
             text = data.decode("utf-8", "replace")
-            return next((n for n in self.unanchored if DETECTORS[n].search(text)), None)
+            return next((n for n, search in self._unanchored if search(text)), None)
         return None
 
     def _spans(self, anchor: re.Pattern[bytes], data: bytes, first: re.Match[bytes]) -> list[tuple[int, int]]:
-        m = self.MARGIN
+        m, end = self.MARGIN, len(data)
+
+        def line_end(at: int) -> int:
+            if at >= end:
+                return end
+            nl = data.find(b"\n", at)
+            return end if nl < 0 else nl
+
         spans = []
-        lo, hi = max(0, first.start() - m), first.start() + m
+        lo = data.rfind(b"\n", 0, max(0, first.start() - m)) + 1
+        hi = line_end(first.end() + m)
         for found in anchor.finditer(data, first.end()):
             at = found.start()
+            if at < hi:
+                continue
             if at - m > hi:
                 spans.append((lo, hi))
-                lo = at - m
-            hi = at + m
+                lo = data.rfind(b"\n", hi, at - m) + 1 or hi
+            hi = line_end(found.end() + m)
+            if hi == end:
+                break
         spans.append((lo, hi))
         return spans

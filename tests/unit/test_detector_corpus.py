@@ -1,0 +1,451 @@
+"""Every content detector, old and new, against a corpus: for each, positives that staging withholds
+and the Redactor masks, and near misses (public keys, certificates, URLs without a password, a
+JWT with a broken part, an /etc/passwd line, ...) that are staged as they are and left unmasked.
+
+Nothing here is a real secret: keys are generated at test time and tokens are assembled from parts,
+so the repository never holds one for a scanner to flag.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import NameOID
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airlockd.policy import Level, Policy, load_policy
+from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, Redactor, known_detectors
+from airlockd.staging import copy as staging
+from airlockd.staging.copy import stage
+from airlockd.staging.secretscan import SecretScanner, _der_private_key, _utf16_private_key
+
+Enc = serialization.Encoding
+Fmt = serialization.PrivateFormat
+NoEnc = serialization.NoEncryption()
+
+
+@dataclass(frozen=True)
+class Sample:
+    detector: str
+    label: str
+    data: bytes
+    core: str = ""  # the part a Redactor must mask (positives of text detectors)
+
+
+def _rand(n: int, seed: int, alphabet: str = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789") -> str:
+    rnd = random.Random(seed)
+    return "".join(rnd.choice(alphabet) for _ in range(n))
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _jwt(payload: dict[str, object]) -> str:
+    head = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = _b64url(json.dumps(payload).encode())
+    sig = _b64url(hmac.new(b"test-only", f"{head}.{body}".encode(), hashlib.sha256).digest())
+    return f"{head}.{body}.{sig}"
+
+
+def _keys() -> dict[str, bytes]:
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    ed_key = ed25519.Ed25519PrivateKey.generate()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corpus.test")])
+    now = __import__("datetime").datetime(2026, 1, 1)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(ec_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now.replace(year=2027))
+        .sign(ec_key, hashes.SHA256())
+    )
+    pub = serialization.PublicFormat.SubjectPublicKeyInfo
+    return {
+        "rsa-pkcs1-pem": rsa_key.private_bytes(Enc.PEM, Fmt.TraditionalOpenSSL, NoEnc),
+        "rsa-pkcs8-pem": rsa_key.private_bytes(Enc.PEM, Fmt.PKCS8, NoEnc),
+        "rsa-encrypted-pem": rsa_key.private_bytes(
+            Enc.PEM, Fmt.PKCS8, serialization.BestAvailableEncryption(b"corpus-passphrase")
+        ),
+        "ec-sec1-pem": ec_key.private_bytes(Enc.PEM, Fmt.TraditionalOpenSSL, NoEnc),
+        "ed25519-openssh": ed_key.private_bytes(Enc.PEM, Fmt.OpenSSH, NoEnc),
+        "rsa-pkcs1-der": rsa_key.private_bytes(Enc.DER, Fmt.TraditionalOpenSSL, NoEnc),
+        "rsa-pkcs8-der": rsa_key.private_bytes(Enc.DER, Fmt.PKCS8, NoEnc),
+        "ec-pkcs8-der": ec_key.private_bytes(Enc.DER, Fmt.PKCS8, NoEnc),
+        "ec-sec1-der": ec_key.private_bytes(Enc.DER, Fmt.TraditionalOpenSSL, NoEnc),
+        "ed25519-pkcs8-der": ed_key.private_bytes(Enc.DER, Fmt.PKCS8, NoEnc),
+        "rsa-public-pem": rsa_key.public_key().public_bytes(Enc.PEM, pub),
+        "rsa-public-der": rsa_key.public_key().public_bytes(Enc.DER, pub),
+        "rsa-pkcs1-public-der": rsa_key.public_key().public_bytes(Enc.DER, serialization.PublicFormat.PKCS1),
+        "cert-pem": cert.public_bytes(Enc.PEM),
+        "cert-der": cert.public_bytes(Enc.DER),
+    }
+
+
+def _body_line(pem: bytes) -> str:
+    return pem.decode().splitlines()[1]
+
+
+def _corpus() -> tuple[list[Sample], list[Sample]]:
+    k = _keys()
+    pem = k["rsa-pkcs8-pem"]
+    pem_text = pem.decode()
+    aws = "AKIA" + "IOSFODNN7" + "EXAMPLE"
+    gh = "ghp_" + _rand(36, 1)
+    glpat = "glpat-" + _rand(24, 2)
+    slack = "xoxb-" + "1234567890" + "-" + _rand(12, 3)
+    openai = "sk-" + "proj-" + _rand(40, 4)
+    anthropic = "sk-" + "ant-api03-" + _rand(30, 5)
+    google = "AI" + "za" + _rand(35, 6)
+    stripe = "sk_" + "live_" + _rand(24, 7)
+    jwt = _jwt({"sub": "1234567890", "name": "corpus"})
+    head, body, sig = jwt.split(".")
+    storage_key = base64.b64encode(random.Random(8).randbytes(64)).decode()
+    bus_key = base64.b64encode(random.Random(9).randbytes(32)).decode()
+    password = "Tr0ub4dor-" + _rand(8, 10)
+    k8s_token = _rand(48, 11)
+    pg_password = "pg-" + _rand(14, 12)
+    run_token = "alrt_" + _rand(32, 13)
+    ppk_private = base64.b64encode(random.Random(14).randbytes(48)).decode()
+    ppk = (
+        "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: corpus\nPublic-Lines: 2\n"
+        "AAAAC3NzaC1lZDI1NTE5AAAAIOqZ\nPYmFzZTY0IHB1YmxpYyBwYXJ0\nPrivate-Lines: 1\n"
+        f"{ppk_private}\nPrivate-MAC: {'ab' * 32}\n"
+    )
+    b64_pem = [base64.b64encode(prefix + pem).decode() for prefix in (b"", b"{", b'{"')]
+
+    pos = [
+        Sample("private-key", "pkcs1 upper case", k["rsa-pkcs1-pem"], _body_line(k["rsa-pkcs1-pem"])),
+        Sample("private-key", "pkcs8 lower case", pem_text.lower().encode(), _body_line(pem).lower()),
+        Sample(
+            "private-key",
+            "mixed case",
+            pem_text.replace("BEGIN PRIVATE KEY", "Begin Rsa Private Key").encode(),
+            _body_line(pem),
+        ),
+        Sample("private-key", "encrypted pkcs8", k["rsa-encrypted-pem"], _body_line(k["rsa-encrypted-pem"])),
+        Sample("private-key", "sec1 ec", k["ec-sec1-pem"], _body_line(k["ec-sec1-pem"])),
+        Sample("private-key", "openssh", k["ed25519-openssh"], _body_line(k["ed25519-openssh"])),
+        Sample("putty-private-key", "ppk v3", ppk.encode(), ppk_private),
+        Sample("putty-private-key", "ppk v2", ppk.replace("File-3", "File-2").encode(), ppk_private),
+        *(
+            Sample("private-key-base64", f"alignment {i}", f"key: {b}\n".encode(), b[len(b) // 2 : len(b) // 2 + 40])
+            for i, b in enumerate(b64_pem)
+        ),
+        Sample(
+            "private-key-base64",
+            "json field",
+            json.dumps({"privateKey": b64_pem[0]}).encode(),
+            b64_pem[0][100:140],
+        ),
+        *(
+            Sample("private-key-der", name, k[name])
+            for name in k
+            if name.endswith("-der") and "public" not in name and "cert" not in name
+        ),
+        Sample("private-key-der", "der inside a binary file", os.urandom(300) + k["ec-sec1-der"] + os.urandom(300)),
+        Sample("private-key-utf16", "utf-16 with bom", pem_text.encode("utf-16")),
+        Sample("private-key-utf16", "utf-16-le", pem_text.encode("utf-16-le")),
+        Sample("private-key-utf16", "utf-16-be", pem_text.encode("utf-16-be")),
+        Sample("private-key-utf16", "utf-16-be lower case", pem_text.lower().encode("utf-16-be")),
+        Sample("aws-access-key", "access key id", f"key = {aws}\n".encode(), aws),
+        Sample("github-token", "classic token", f"token: {gh}\n".encode(), gh),
+        Sample("gitlab-token", "personal token", f"{glpat}\n".encode(), glpat),
+        Sample("slack-token", "bot token", f"{slack}\n".encode(), slack),
+        Sample("openai-key", "project key", f"OPENAI={openai}\n".encode(), openai),
+        Sample("anthropic-key", "api key", f"k: {anthropic}\n".encode(), anthropic),
+        Sample("google-api-key", "api key", f"{google}\n".encode(), google),
+        Sample("stripe-key", "live key", f"{stripe}\n".encode(), stripe),
+        Sample("jwt", "hs256 token", f"cookie={jwt}\n".encode(), body),
+        Sample("jwt", "unsigned token", f"{head}.{body}.\n".encode(), body),
+        Sample(
+            "azure-connection-string",
+            "storage account",
+            f"DefaultEndpointsProtocol=https;AccountName=corpus;AccountKey={storage_key};"
+            "EndpointSuffix=core.windows.net\n".encode(),
+            storage_key,
+        ),
+        Sample(
+            "azure-connection-string",
+            "service bus",
+            "Endpoint=sb://corpus.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;"
+            f"SharedAccessKey={bus_key}\n".encode(),
+            bus_key,
+        ),
+        Sample(
+            "url-credentials",
+            ".git/config remote",
+            f'[remote "origin"]\n\turl = https://alice:{password}@git.example.com/team/repo.git\n'.encode(),
+            password,
+        ),
+        Sample("url-credentials", ".git-credentials", f"https://bob:{password}@git.example.com\n".encode(), password),
+        Sample(
+            "url-credentials",
+            "database url",
+            f"DATABASE_URL=postgres://app:{password}@db:5432/app\n".encode(),
+            password,
+        ),
+        Sample(
+            "kubeconfig-credential",
+            "kubeconfig token",
+            (
+                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://k8s.example.com\n"
+                "  name: prod\nusers:\n- name: admin\n  user:\n"
+                f"    token: {k8s_token}\n"
+            ).encode(),
+            k8s_token,
+        ),
+        Sample(
+            "kubeconfig-credential",
+            "kubeconfig oidc",
+            (
+                "users:\n- name: dev\n  user:\n    auth-provider:\n      name: oidc\n      config:\n"
+                f"        client-id: kubectl\n        refresh-token: {k8s_token}\n"
+            ).encode(),
+            k8s_token,
+        ),
+        Sample("pgpass", "pgpass line", f"db.example.com:5432:app:appuser:{pg_password}\n".encode(), pg_password),
+        Sample("pgpass", "pgpass wildcard", f"*:*:*:postgres:{pg_password}\n".encode(), pg_password),
+        Sample("bearer", "authorization header", b"Authorization: Bearer abcdefghijklmnop1234\n", "abcdefghijklm"),
+        Sample("airlock-run-token", "run token", f"{run_token}\n".encode(), run_token),
+    ]
+    bad_payload = body + "x" * ((1 - len(body)) % 4 or 4)  # 4n+1 characters: no base64 has that length
+    neg = [
+        Sample("private-key", "public key", k["rsa-public-pem"]),
+        Sample("private-key", "certificate", k["cert-pem"]),
+        Sample("private-key", "pgp public key header", b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGV\n"),
+        Sample("putty-private-key", "prose", b"A .ppk file starts with PuTTY-User-Key-File-3 and a key type.\n"),
+        Sample("private-key-base64", "base64 certificate", base64.b64encode(k["cert-pem"]) + b"\n"),
+        Sample("private-key-der", "der public key", k["rsa-public-der"]),
+        Sample("private-key-der", "der pkcs1 public key", k["rsa-pkcs1-public-der"]),
+        Sample("private-key-der", "der certificate", k["cert-der"]),
+        Sample("private-key-utf16", "utf-16 certificate", k["cert-pem"].decode().encode("utf-16")),
+        Sample("aws-access-key", "too short", b"the id AKIA12345 is truncated\n"),
+        Sample("github-token", "too short", b"ghp_" + b"abc123" + b"\n"),
+        Sample("gitlab-token", "too short", b"prefix glpat- only\n"),
+        Sample("slack-token", "too short", b"xoxb-123\n"),
+        Sample("openai-key", "sk- in prose", b"use a task-runner, a disk-cache and keys like sk-...\n"),
+        Sample("anthropic-key", "too short", b"sk-ant-xyz\n"),
+        Sample("google-api-key", "too short", b"AIza" + b"Sy12" + b"\n"),
+        Sample("stripe-key", "too short", b"sk_live_abc\n"),
+        Sample("jwt", "broken payload", f"{head}.{bad_payload}.{sig}\n".encode()),
+        Sample("jwt", "too short", b"eyJhbGciOi.eyJzdWIi.abc\n"),
+        Sample(
+            "azure-connection-string",
+            "no key",
+            b"DefaultEndpointsProtocol=https;AccountName=corpus;EndpointSuffix=core.windows.net\n",
+        ),
+        Sample("azure-connection-string", "placeholder", b"AccountKey=<your-account-key>\n"),
+        Sample("url-credentials", "ssh remote", b'[remote "origin"]\n\turl = ssh://git@github.com/x.git\n'),
+        Sample("url-credentials", "user only", b"https://user@git.example.com/x\n"),
+        Sample("url-credentials", "port", b"http://localhost:8080/health\n"),
+        Sample("url-credentials", "variable", b"https://ci:${CI_JOB_TOKEN}@git.example.com/x.git\n"),
+        Sample(
+            "kubeconfig-credential",
+            "exec plugin",
+            b"users:\n- name: eks\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
+            b"      command: aws\n",
+        ),
+        Sample("kubeconfig-credential", "ci token input", b"with:\n  token: ${{ secrets.GITHUB_TOKEN }}\n"),
+        Sample("pgpass", "/etc/passwd line", b"root:x:0:0:root:/root:/bin/bash\n"),
+        Sample("pgpass", "bsd passwd line", b"daemon:*:1:1:System Services:/var/root:/usr/bin/false\n"),
+        Sample("bearer", "prose", b"the bearer of this letter\n"),
+        Sample("airlock-run-token", "too short", b"alrt_short\n"),
+    ]
+    return pos, neg
+
+
+POSITIVES, NEGATIVES = _corpus()
+ALL = known_detectors()
+
+
+def _text(s: Sample) -> str:
+    return s.data.decode("utf-8", "replace")
+
+
+@pytest.fixture
+def every_detector_policy(tmp_path: Path) -> Policy:
+    """The default policy with the two detectors it leaves off turned on as well."""
+    ws = tmp_path / "policy-ws"
+    ws.mkdir()
+    (ws / "policies.toml").write_text('[withhold]\ndetectors = ["bearer", "airlock-run-token"]\n')
+    policy = load_policy(ws).policy
+    assert sorted(policy.withhold.detectors) == sorted(ALL)
+    return policy
+
+
+def test_the_corpus_covers_every_detector_both_ways() -> None:
+    assert {s.detector for s in POSITIVES} == set(ALL)
+    assert {s.detector for s in NEGATIVES} == set(ALL)
+    assert set(BYTE_DETECTORS) | set(DETECTORS) == set(ALL)
+
+
+def test_every_default_detector_is_anchored(tmp_path: Path) -> None:
+    policy = load_policy(tmp_path / "no-workspace").policy
+    assert SecretScanner(policy.withhold.detectors).unanchored == []
+
+
+@pytest.mark.parametrize("sample", POSITIVES, ids=lambda s: f"{s.detector}:{s.label}")
+def test_each_positive_is_found_by_its_own_detector(sample: Sample) -> None:
+    assert SecretScanner([sample.detector]).first_hit(sample.data) == sample.detector
+    if sample.detector in DETECTORS:
+        assert DETECTORS[sample.detector].search(_text(sample))
+
+
+@pytest.mark.parametrize(
+    "sample", [s for s in POSITIVES if s.detector in DETECTORS], ids=lambda s: f"{s.detector}:{s.label}"
+)
+def test_each_positive_of_a_text_detector_is_masked(sample: Sample) -> None:
+    """(Detectors of bytes have nothing for the Redactor: what it masks is text.)"""
+    assert sample.core
+    out = Redactor().text(_text(sample))
+    assert sample.core not in out and MASK in out
+
+
+@pytest.mark.parametrize("sample", NEGATIVES, ids=lambda s: f"{s.detector}:{s.label}")
+def test_each_near_miss_is_left_alone(sample: Sample) -> None:
+    assert SecretScanner(ALL).first_hit(sample.data) is None
+    text = _text(sample)
+    assert not any(p.search(text) for p in DETECTORS.values())
+    if sample.detector not in BYTE_DETECTORS:
+        assert Redactor().text(text) == text
+
+
+def test_staging_withholds_every_positive_and_copies_every_near_miss(
+    tmp_path: Path, every_detector_policy: Policy
+) -> None:
+    ws = tmp_path / "ws"
+    for i, s in enumerate(POSITIVES):
+        (ws / "pos").mkdir(parents=True, exist_ok=True)
+        (ws / "pos" / f"{i}.dat").write_bytes(s.data)
+    for i, s in enumerate(NEGATIVES):
+        (ws / "neg").mkdir(parents=True, exist_ok=True)
+        (ws / "neg" / f"{i}.dat").write_bytes(s.data)
+    res = stage(ws, tmp_path / "copy", every_detector_policy, Level.INTERNAL)
+    withheld = {w.path: w.rule for w in res.withheld}
+    for i, s in enumerate(POSITIVES):
+        assert withheld.get(f"pos/{i}.dat", "").startswith("detector:"), (s.detector, s.label)
+        assert not (tmp_path / "copy" / "pos" / f"{i}.dat").exists()
+    for i, s in enumerate(NEGATIVES):
+        assert f"neg/{i}.dat" not in withheld, (s.detector, s.label, withheld.get(f"neg/{i}.dat"))
+        assert (tmp_path / "copy" / "neg" / f"{i}.dat").read_bytes() == s.data
+
+
+# -- linear time ---------------------------------------------------------------------------------
+
+
+def _hostile(sample: Sample, size: int = 1 << 20) -> list[bytes]:
+    """Inputs that make a backtracking pattern slow: a prefix of a positive repeated, a prefix
+    followed by a long run of one character of its alphabet, and runs of its separators."""
+    data = sample.data
+    out = []
+    for cut in {len(data) // 3, len(data) // 2, max(1, len(data) - 2)}:
+        part = data[:cut]
+        out.append((part * (size // len(part) + 1))[:size])
+        for ch in (b"A", b"0", b" ", b"\n", b"-", b":", b".", b"\x00"):
+            out.append(part + ch * (size - len(part)))
+    return out
+
+
+@pytest.mark.parametrize("detector", ALL)
+def test_every_detector_takes_linear_time_on_a_hostile_megabyte(detector: str) -> None:
+    sample = next(s for s in POSITIVES if s.detector == detector)
+    scanner = SecretScanner([detector])
+    slowest = 0.0
+    for data in _hostile(sample):
+        t0 = time.perf_counter()
+        if detector in DETECTORS:
+            text = data.decode("utf-8", "replace")
+            DETECTORS[detector].search(text)
+            DETECTORS[detector].sub(MASK, text)
+        elif detector == "private-key-der":
+            _der_private_key(data)
+        else:
+            _utf16_private_key(data)
+        scanner.first_hit(data)
+        slowest = max(slowest, time.perf_counter() - t0)
+    assert slowest < 0.5, f"{detector}: {slowest:.2f} s on a hostile 1 MB input"
+
+
+# -- the scanner's anchors never change a verdict --------------------------------------------------
+
+
+def _full_verdict(name: str, data: bytes) -> bool:
+    if name == "private-key-der":
+        return _der_private_key(data)
+    if name == "private-key-utf16":
+        return _utf16_private_key(data)
+    return DETECTORS[name].search(data.decode("utf-8", "replace")) is not None
+
+
+_FRAGMENTS = [s.data for s in POSITIVES + NEGATIVES]
+_fragment = st.sampled_from(_FRAGMENTS).flatmap(
+    lambda d: st.tuples(st.integers(0, len(d)), st.integers(0, len(d))).map(lambda ij: d[min(ij) : max(ij)])
+)
+_filler = st.one_of(
+    st.binary(max_size=64),
+    st.text(alphabet="ab -:/=\n\t\"'.@eyJLS0t", max_size=64).map(str.encode),
+    st.integers(0, 3000).map(lambda n: b"x" * n),
+    st.integers(0, 3000).map(lambda n: b"\n" * n),
+)
+_buffer = st.lists(st.one_of(_fragment, st.sampled_from(_FRAGMENTS), _filler), max_size=8).map(b"".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_buffer)
+def test_scanner_verdict_equals_the_full_regex_verdict(data: bytes) -> None:
+    full = {name for name in ALL if _full_verdict(name, data)}
+    for name in ALL:
+        assert (SecretScanner([name]).first_hit(data) == name) == (name in full), name
+    assert (SecretScanner(ALL).first_hit(data) is not None) == bool(full)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(POSITIVES), st.integers(0, 1 << 16))
+def test_a_positive_across_a_streaming_chunk_boundary_is_withheld(
+    tmp_path_factory: pytest.TempPathFactory, every_detector_policy: Policy, sample: Sample, shift: int
+) -> None:
+    """Files over READ_WHOLE stream in CHUNK-sized reads scanned with an overlap: a secret that
+    straddles a boundary is found (sizes shrunk so the test stays fast; the logic is the same)."""
+    tmp = tmp_path_factory.mktemp("chunks")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(staging, "READ_WHOLE", 1000)
+    mp.setattr(staging, "CHUNK", 4096)
+    try:
+        boundary = 4096 * (1 + shift % 3)
+        start = max(0, boundary - 1 - shift % max(1, len(sample.data)))
+        data = b"." * start + b"\n" + sample.data + b"\n" + b"." * 9000
+        (tmp / "ws").mkdir()
+        (tmp / "ws" / "big.log").write_bytes(data)
+        res = stage(tmp / "ws", tmp / "copy", every_detector_policy, Level.INTERNAL)
+        assert [w.path for w in res.withheld] == ["big.log"]
+    finally:
+        mp.undo()
+
+
+def test_a_secret_across_the_real_8_mib_boundary_is_withheld(tmp_path: Path, every_detector_policy: Policy) -> None:
+    sample = next(s for s in POSITIVES if s.detector == "jwt")
+    at = staging.READ_WHOLE - len(sample.data) // 2
+    data = bytearray(b"-" * (staging.READ_WHOLE + (1 << 20)))
+    data[at : at + len(sample.data)] = sample.data
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "huge.log").write_bytes(bytes(data))
+    res = stage(tmp_path / "ws", tmp_path / "copy", every_detector_policy, Level.INTERNAL)
+    assert [(w.path, w.rule) for w in res.withheld] == [("huge.log", "detector:jwt")]

@@ -31,6 +31,7 @@ branch ref are replaced by rename, so a clone never changes under a run that mou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -67,6 +68,7 @@ _HEAD_READ = 4096
 _BRANCH = re.compile(r"(?!.*\.\.)(?!.*//)(?!.*@\{)(?![-./])(?!.*[./]$)(?!.*\.lock(?:/|$))[A-Za-z0-9._/+-]{1,200}")
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -225,10 +227,8 @@ class ObjectStore:
         gone = 0
         for oid in list(self.listing() - reachable):
             hx = oid.hex()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.dir / hx[:2] / hx[2:])
-            except FileNotFoundError:
-                pass
             self.listing().discard(oid)
             gone += 1
         return gone

@@ -12,51 +12,13 @@ import zlib
 from pathlib import Path
 
 import pytest
+from githistory import SECRET, git, history_workspace
 
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.staging import gitcopy
 from airlockd.staging.copy import stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror
-
-SECRET = "hist0ry-s3cret-" + "7f3a9c1e5b"  # never in the tree as staged, only in history
-ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
-
-
-def git(cwd: Path, *args: str, check: bool = True) -> str:
-    env = {**os.environ, **ENV, "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(cwd.parent)}
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if check:
-        assert proc.returncode == 0, (args, proc.stderr)
-    return proc.stdout
-
-
-def history_workspace(root: Path, *, packed: bool) -> Path:
-    """A repository on branch feature/x whose history held SECRET (a committed then removed
-    `.env`, a file that carried it once), a stash and reflog entries holding it; with `packed`,
-    only in a packfile (git gc), otherwise only in loose objects."""
-    ws = root / ("packed" if packed else "loose")
-    (ws / "src").mkdir(parents=True)
-    git(ws, "init", "-q", "-b", "feature/x")
-    git(ws, "remote", "add", "origin", f"https://user:{SECRET}@example.invalid/r.git")
-    (ws / ".env").write_text(f"TOKEN={SECRET}\n")
-    (ws / "src" / "app.py").write_text(f"KEY = '{SECRET}'\n")
-    git(ws, "add", "-A")
-    git(ws, "commit", "-qm", "with the secret")
-    git(ws, "rm", "-q", "--cached", ".env")
-    (ws / "src" / "app.py").write_text("KEY = None\n")
-    (ws / "README.md").write_text("# project\n")
-    git(ws, "add", "-A")
-    git(ws, "commit", "-qm", "secret removed")
-    (ws / "src" / "app.py").write_text(f"KEY = '{SECRET}'  # stashed\n")
-    git(ws, "stash", "-q")
-    if packed:
-        git(ws, "gc", "-q", "--prune=now")
-        assert not [p for p in (ws / ".git/objects").glob("??/*")], "the secret must live in a pack only"
-    else:
-        assert not list((ws / ".git/objects/pack").glob("*.pack"))
-    assert SECRET.encode() not in (ws / "src" / "app.py").read_bytes()
-    return ws
 
 
 @pytest.fixture
@@ -149,7 +111,7 @@ def test_mirror_holds_a_fresh_repository_kept_exact_across_refreshes(
     second = assert_fresh_repo(view2.tree, {"src/app.py", "docs/guide.md", "docs/link.md"})
     assert second != first
     assert assert_fresh_repo(old_tree, {"src/app.py", "README.md"}) == first  # the clone left it whole
-    assert git(old_tree, "show", "HEAD:src/app.py") == f"KEY = None\n" and not (old_tree / "docs").exists()
+    assert git(old_tree, "show", "HEAD:src/app.py") == "KEY = None\n" and not (old_tree / "docs").exists()
     # another process (no state in memory): rebuilt from the index on disk, the same commit
     gitcopy.MIRRORS.forget(mirror.root)
     view3 = mirror.refresh(ws, policy, Level.INTERNAL)

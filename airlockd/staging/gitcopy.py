@@ -316,6 +316,7 @@ class RepoState:
     index_id: tuple[int, int, int] = (0, 0, 0)  # ino, size, mtime_ns of the index written
     manifest: dict[str, Entry] = field(default_factory=dict)  # what the tree's files were, as given
     objects: set[bytes] | None = None  # the loose objects on disk (exactly the reachable ones)
+    order: list[str] | None = None  # the index's order of `files` (None: to sort again)
 
 
 def _parent(rel: str) -> str:
@@ -443,6 +444,7 @@ class Repo:
     def _update(self, state: RepoState, changed: Iterable[str]) -> None:
         """Look again at `changed` paths (each a file, a directory, or gone) only."""
         dirty: set[str] = set()
+        before = set(state.files) if state.order is not None else None
         prev: dict[str, tuple[bytes, tuple[int, int, int, int, int, int]]] = {}
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -477,6 +479,8 @@ class Repo:
         finally:
             os.close(root)
         self._trees(state, dirty)
+        if before is None or before != state.files.keys():
+            state.order = None
 
     def _trees(self, state: RepoState, dirty: set[str]) -> None:
         """Recompute the trees of `dirty` directories and all their ancestors, deepest first."""

@@ -64,6 +64,14 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("image builder", builder, "apt-get install debootstrap"))
 
+    def git() -> str:
+        found = shutil.which("git")
+        if not found:
+            raise RuntimeError('git is not installed (needed to scan history when [git] history = "scanned")')
+        return found
+
+    checks.append(_check("host git", git, "apt-get install git"))
+
     def policy() -> str:
         from airlockd.policy import load_policy
 

@@ -28,6 +28,8 @@ from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, k
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
+from airlockd.staging.gitcopy import RULE as GIT_RULE
+from airlockd.staging.gitcopy import is_git_entry
 from airlockd.staging.secretscan import SecretScanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
@@ -244,6 +246,9 @@ class StagingWalk:
         subdirs: list[str] = []
         for de in entries:
             rel = prefix + de.name
+            if is_git_entry(de.name):  # history holds every secret ever committed; never read
+                self.result.withheld.append(Withheld(rel, GIT_RULE))
+                continue
             try:
                 is_dir = de.is_dir(follow_symlinks=False)
                 rule = self._path_rule(rel, is_dir)

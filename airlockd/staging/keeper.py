@@ -34,6 +34,7 @@ from pathlib import Path
 
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging import gitcopy
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
 from airlockd.staging.mirrorstager import RefreshStats, dump
 from airlockd.staging.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
@@ -249,6 +250,7 @@ class MirrorKeeper:
                 stamp = mirror.stamp()
                 stager = Incremental(policy, clearance, owner, redactor, None, cache=st.cache)
                 line = apply(self.workspace, st, changes, stager, mirror.tree(gen), stamp, stats)
+                gitcopy.MIRRORS.refresh(mirror.root, mirror.tree(gen), self.workspace, owner, st.base)
                 size = mirror.append_cache(line)
                 if size > COMPACT_LOG_BYTES:
                     mirror.write_cache(dump(st.cache, st.base, st.digest, stamp, st.result()))

@@ -40,6 +40,7 @@ from airlockd.fsutil import atomic_write_bytes
 from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging import gitcopy
 from airlockd.staging.copy import StageResult, StagingError, Withheld
 from airlockd.staging.fdtree import O_DIR
 from airlockd.staging.mirrorstager import (
@@ -164,6 +165,7 @@ class Mirror:
             stamp = self.stamp()
             stager = MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
             self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
+            gitcopy.MIRRORS.refresh(self.root, self.tree(gen), workspace, owner, stager.result.base)
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
             changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)

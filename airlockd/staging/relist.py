@@ -20,6 +20,7 @@ from pathlib import Path
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
 from airlockd.staging.copy import StageResult, StagingError, Withheld, is_text, link_escapes
 from airlockd.staging.fdtree import O_DIR, open_dir
+from airlockd.staging.gitcopy import DOTGIT as GIT
 from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
 from airlockd.staging.treedigest import TreeDigest
 from airlockd.staging.watcher import Changes
@@ -162,7 +163,7 @@ def apply(
     for d in todo:
         while not st.is_dir(d):  # a directory the mirror does not have (yet): rescan it whole
             if st.withheld_under(d):
-                hidden.extend(p for p in changes.paths if _parent(p) == d)
+                hidden.extend(p for p in changes.paths if _parent(p) == d and GIT not in p.split("/"))
                 break
             deep.add(d)
             d = _parent(d)

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airlockd.pipeline.manifest import ChangeSet, load_manifest, save_manifest
-from airlockd.staging import capfs, overlay
+from airlockd.pipeline.manifest import ChangeSet, Kind, Manifest, load_manifest, save_manifest
+from airlockd.staging import capfs, gitcopy, overlay
 from airlockd.staging.base import Base, Staged, Stager, StageRequest
 from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.copy import stage as copy_stage
@@ -179,6 +179,8 @@ class OverlayStager:
         write_meta(req.run_dir, self.name, self.why, view)
         before = len(result.withheld)
         req.screen(lay.lower, result, lambda p: hide(lay, p))
+        if len(result.withheld) != before and (lay.lower / gitcopy.DOTGIT).is_dir():
+            hide(lay, gitcopy.DOTGIT)  # the mirror's repository names (and holds) what was just hidden
         # the live tree as the agent's copy was taken (evidence that it stays put while proposed),
         # as the refresh established it; the model withheld more: digest without it
         relabelled = len(result.withheld) != before
@@ -231,6 +233,7 @@ class CopyStager:
         result = copy_stage(req.workspace, staging, req.policy, req.clearance, owner=req.owner, redactor=req.redactor)
         write_meta(req.run_dir, self.name, self.why)
         req.screen(staging, result, None)
+        _add_repo(result, gitcopy.build_copy(staging, req.workspace, req.owner))  # of what stayed in
         if req.capped:  # the agent may add `growth` bytes to what was staged, and not one more
             capfs.resize(staging, capfs.used_bytes(staging) + req.growth, inodes=_inodes(result, req.growth))
         save_manifest(result.base, req.run_dir / "base.json")
@@ -254,6 +257,14 @@ class CopyStager:
 
     def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
         """Nothing outside the run's folder to let go of."""
+
+
+def _add_repo(result: StageResult, repo: Manifest) -> None:
+    """Count the fresh repository's nodes in with the copy's (its base manifest, files, bytes)."""
+    result.base.update(repo)
+    files = [e for e in repo.values() if e.kind is Kind.FILE]
+    result.files += len(files)
+    result.bytes += sum(e.size for e in files)
 
 
 def live_tree_of(workspace: Path, result: StageResult) -> dict[str, object]:

@@ -251,3 +251,60 @@ def test_overlay_and_copy_against_baselines(tree: Tree, tmp_path: Path, monkeypa
         f" no-op run {x(nm['copy'], m['bare'], 2)} bare docker run"
     )
     print("  targets (issue 8): staging <= 0.05 x cp -a, inspection <= 0.05 x sha256sum, no-op <= 1.5 x bare")
+
+
+def test_fresh_repository_cost(tree: Tree, tmp_path: Path) -> None:
+    """Staging with the fresh repository (staging/gitcopy.py) ÷ the same without it, in one run:
+    the daemon's refresh with 10 files edited before each, and the cold mirror build.
+
+        .venv/bin/pytest -q -s tests/bench/test_bench_overlay.py -k fresh_repository -p no:warnings
+    """
+    from airlockd.staging import gitcopy
+
+    ws = tmp_path / "ws"
+    subprocess.run(["cp", "-a", str(tree.root), str(ws)], check=True)
+    (ws / ".git").mkdir()
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    policy = load_policy(ws).policy
+    n = iter(range(10_000))
+    cold: dict[bool, list[float]] = {True: [], False: []}
+    warm: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for _ in range(ROUNDS):
+            for on in (False, True):
+                gitcopy.ENABLED = on
+                state = tmp_path / f"state{next(n)}"
+                cold[on].append(
+                    _timed(lambda s=state: mirror_for(s, Level.INTERNAL).refresh(ws, policy, Level.INTERNAL))
+                )
+                shutil.rmtree(state)
+        for on in (False, True):
+            gitcopy.ENABLED = on
+            keeper = MirrorKeeper(ws, tmp_path / f"keeper-{on}")
+            assert keeper.start() is None, keeper.why
+            try:
+                keeper.refresh(policy, Level.INTERNAL, owner=AGENT_UID)
+                time.sleep(0.05)
+                keeper.refresh(policy, Level.INTERNAL, owner=AGENT_UID, walk=True)  # past the racy entries
+                for _ in range(ROUNDS + 1):
+                    _edit_ten(ws, tree, next(n))
+                    keeper.drain()
+                    took = _timed(lambda k=keeper: k.refresh(policy, Level.INTERNAL, owner=AGENT_UID))
+                    warm[on].append(took)
+                view = keeper.refresh(policy, Level.INTERNAL, owner=AGENT_UID)
+                assert (view.tree / ".git").is_dir() == on
+            finally:
+                keeper.close()
+    finally:
+        gitcopy.ENABLED = True
+    c = {on: _med(v) for on, v in cold.items()}
+    w = {on: _med(v[1:]) for on, v in warm.items()}
+    print(f"\n=== fresh repository: {tree.files} files; medians of {ROUNDS} ===")
+    print(
+        f"  cold mirror build: {c[True]:.3f} s with, {c[False]:.3f} s without"
+        f" = {c[True] / c[False]:.2f} x (target <= 1.5)"
+    )
+    print(
+        f"  daemon refresh, 10 files edited: {w[True] * 1000:.1f} ms with, {w[False] * 1000:.1f} ms without"
+        f" = {w[True] / w[False]:.2f} x (target <= 1.2)"
+    )

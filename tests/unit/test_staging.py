@@ -101,22 +101,23 @@ def test_withheld_directory_is_pruned_whole(ws: Path, tmp_path: Path, policy: Po
     assert [w.rule for w in res.withheld if w.path == pruned] == [f"withhold:{pruned}/"]
 
 
-def test_withhold_applies_inside_git_dir_which_is_otherwise_copied(ws: Path, tmp_path: Path, policy: Policy) -> None:
+def test_git_entries_never_enter_the_copy_and_are_never_read(ws: Path, tmp_path: Path, policy: Policy) -> None:
     write(ws, ".git/HEAD", "ref: refs/heads/main\n")
     write(ws, ".git/objects/ab/cdef", b"\x78\x9c\x00binary")
-    write(ws, ".git/hooks/deploy.pem", "not for agents\n")
     write(ws, ".git/config", "[remote]\n url = https://x:ghp_" + "b" * 36 + "@github.com/o/r\n")
+    write(ws, "vendor/lib/.git", "gitdir: ../../.git/modules/lib\n")  # a submodule's .git file
+    write(ws, "vendor/lib/lib.py", "X = 1\n")
     write(ws, "policies.toml", "# workspace policy\n")
-    res = run(ws, tmp_path, policy)
+    redactor = Redactor()
+    res = run(ws, tmp_path, policy, redactor=redactor)
     copy = tmp_path / "copy"
-    assert (copy / ".git/HEAD").read_text() == "ref: refs/heads/main\n"
-    assert (copy / ".git/objects/ab/cdef").exists()
-    assert not (copy / ".git/hooks/deploy.pem").exists()
-    assert not (copy / ".git/config").exists()
-    assert {w.path: w.rule for w in res.withheld} == {
-        ".git/config": "detector:github-token",
-        ".git/hooks/deploy.pem": "withhold:*.pem",
-    }
+    assert not (copy / "vendor/lib/.git").exists() and not (copy / ".git/objects/ab/cdef").exists()
+    if (copy / ".git").exists():  # overlay: the mirror's fresh repository (staging/gitcopy.py)
+        assert "ghp_" not in (copy / ".git/config").read_text()
+    assert not any(p == ".git" or p.startswith(".git/") or p.endswith("/.git") for p in res.base)
+    assert {w.path: w.rule for w in res.withheld} == {".git": "git-history", "vendor/lib/.git": "git-history"}
+    assert not redactor.known_in("https://x:ghp_" + "b" * 36)  # withheld unread: nothing learnt from it
+    assert (copy / "vendor/lib/lib.py").read_text() == "X = 1\n"
     assert (copy / "policies.toml").read_text() == "# workspace policy\n"
 
 

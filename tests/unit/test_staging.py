@@ -524,8 +524,10 @@ PATTERNS = [
     "docs/*.md",
 ]
 segments = st.sampled_from(
-    [".env", ".env.x", "a", "b", "build", "secrets", "x.pem", "id_rsa2", ".aws", "c.txt", "rooted.txt", "!literal"]
-    + [".docker", "config.json", "docs", "x.md", ".kube", "config"]
+    [
+        *[".env", ".env.x", "a", "b", "build", "secrets", "x.pem", "id_rsa2", ".aws", "c.txt", "rooted.txt"],
+        *["!literal", ".docker", "config.json", "docs", "x.md", ".kube", "config"],
+    ]
 )
 
 

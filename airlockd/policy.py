@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from airlockd.errors import PolicyError
+from airlockd.pathmatch import AnyPattern, withhold_matcher
 from airlockd.resources import resource
 
 if TYPE_CHECKING:
@@ -246,6 +247,9 @@ class Withhold(_Model):
     patterns: FloorPatterns = Field(default_factory=list)
     detectors: list[str] = Field(default_factory=list)
     custom: list[CustomDetector] = Field(default_factory=list)
+    # archives are opened and scanned up to these bounds; one that does not fit is withheld
+    archive_scan_mb: int = Field(64, ge=1, le=4096)  # uncompressed bytes scanned per archive
+    archive_max_members: int = Field(10_000, ge=1, le=1_000_000)  # members per archive, nested included
 
     @field_validator("detectors")
     @classmethod
@@ -350,16 +354,22 @@ class Policy(_Model):
         return self.agent(agent).clearance or self.defaults.clearance
 
     @cached_property
-    def withhold_spec(self) -> pathspec.PathSpec:
-        return pathspec.PathSpec.from_lines("gitignore", self.withhold.patterns)
+    def withhold_match(self) -> AnyPattern:
+        """The withhold patterns' matcher: any case, any depth, negations ignored (pathmatch.py)."""
+        return withhold_matcher(self.withhold.patterns)
+
+    def above(self, clearance: Level) -> AnyPattern:
+        """Matches the paths labelled above `clearance` (any label pattern ranked higher)."""
+        return AnyPattern(p for p, lvl in self.labels.items() if lvl.rank > clearance.rank)
 
     @cached_property
     def protected_spec(self) -> pathspec.PathSpec:
         return pathspec.PathSpec.from_lines("gitignore", self.defaults.protected_files)
 
     @cached_property
-    def label_specs(self) -> list[tuple[pathspec.PathSpec, Level]]:
-        return [(pathspec.PathSpec.from_lines("gitignore", [p]), lvl) for p, lvl in self.labels.items()]
+    def label_specs(self) -> list[tuple[AnyPattern, Level]]:
+        """Each label's matcher: case-insensitive, anchored as gitignore anchors (pathmatch.py)."""
+        return [(AnyPattern([p]), lvl) for p, lvl in self.labels.items()]
 
     @cached_property
     def rule_specs(self) -> list[tuple[pathspec.PathSpec, Rule]]:
@@ -367,7 +377,7 @@ class Policy(_Model):
 
     def label_of(self, path: str) -> Level:
         """The highest label any pattern gives `path`; unlabelled files are internal."""
-        found = [lvl for spec, lvl in self.label_specs if spec.match_file(path)]
+        found = [lvl for match, lvl in self.label_specs if match(path)]
         return max(found, key=lambda lvl: lvl.rank) if found else Level.INTERNAL
 
 

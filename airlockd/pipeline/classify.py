@@ -9,6 +9,8 @@ set it (the invariant on a tie).
 Path invariants compare case-insensitively where a case-insensitive checkout (macOS, Windows)
 would make two spellings the same file: `.GIT/config` is `.git/config` there. Withheld and
 protected patterns count when any positive pattern matches: a `!negation` cannot unprotect.
+Withhold patterns are staging's own matcher (pathmatch.py), so they also match at any depth:
+a proposal creating `sub/.ENV` is as denied as `.env`.
 
 Directories: a created or deleted directory follows the changes inside it (the strictest of
 them), so `mkdir src/pkg` + `src/pkg/a.py` is as `auto` as the file; an empty one goes through
@@ -18,15 +20,13 @@ the rules like a file (patterns see `path/`). Mode changes and type changes are 
 
 from __future__ import annotations
 
-import re
 import stat
 import unicodedata
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-import pathspec
-
 from airlockd.names import display
+from airlockd.pathmatch import AnyPattern
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import POLICY_FILE, Decision, Policy
 
@@ -80,30 +80,12 @@ def _name_problem(path: str) -> _Verdict | None:
     return None
 
 
-class _AnyPattern:
-    """Matches when any positive pattern matches, case-insensitively. Stricter than the gitignore
-    spec on purpose: a `!negation` (say, a workspace's "!.env") can never carve a hole in an
-    invariant, and `.ENV` is `.env` on a case-insensitive checkout."""
-
-    def __init__(self, patterns: Iterable[str]) -> None:
-        positive = [p for p in patterns if not p.startswith("!")]
-        spec = pathspec.PathSpec.from_lines("gitignore", positive)
-        self.regexes = [
-            re.compile(r.pattern, re.IGNORECASE)
-            for r in (getattr(p, "regex", None) for p in spec.patterns)
-            if isinstance(r, re.Pattern) and isinstance(r.pattern, str)
-        ]
-
-    def __call__(self, path: str) -> bool:
-        return any(r.search(path) for r in self.regexes)
-
-
 class _Classifier:
     def __init__(self, policy: Policy, withheld: Collection[str], known: Iterable[str]) -> None:
         self.policy = policy
         self.withheld = {w.strip("/").casefold() for w in withheld}
-        self.withhold = _AnyPattern(policy.withhold.patterns)
-        self.protected = _AnyPattern(policy.defaults.protected_files)
+        self.withhold = policy.withhold_match  # staging's own matcher: any case, any depth
+        self.protected = AnyPattern(policy.defaults.protected_files)
         self.folded: dict[str, set[str]] = {}
         for p in known:
             self.folded.setdefault(fold(p), set()).add(p)

@@ -15,18 +15,17 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pathspec
 
 from airlockd.errors import AirlockError
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, kind_of
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.archives import MIN_IDENTITY as MIN_SOLID
+from airlockd.staging.archives import ArchiveScan, ArchiveScanner, sniff
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
 from airlockd.staging.gitcopy import is_git_entry
@@ -36,6 +35,11 @@ READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger one
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
 MAX_LINK_HOPS = 40  # like the kernel's ELOOP limit
 _PROGRESS_EVERY = 512
+IN_NAME = "detector-in-name:"  # a content detector fired on the path itself
+HARDLINK = "hardlink-of-withheld"
+COPY = "copy-of-withheld"
+_O_COPY = (O_DST & ~os.O_WRONLY) | os.O_RDWR  # a streamed copy is read back (archives)
+_PLAIN = Redactor()  # the detectors' patterns, for a walk given no redactor
 
 
 class StagingError(AirlockError):
@@ -53,16 +57,74 @@ class Withheld:
     rule: str
 
 
+@dataclass(frozen=True)
+class Ident:
+    """What identifies one file withheld by its path (pattern, label, name): its node and,
+    unless trivial, its content's SHA-256. `top` is the withheld record it falls under (itself,
+    or a withheld directory), `path` the file; both as recorded (masked when a name carries a
+    secret)."""
+
+    top: str
+    path: str
+    node: tuple[int, int]  # st_dev, st_ino
+    sha256: str | None
+
+    def row(self) -> list[object]:
+        return [self.top, self.path, *self.node, self.sha256]
+
+    @classmethod
+    def from_row(cls, row: list[object]) -> Ident:
+        top, path, dev, ino, sha = row
+        return cls(str(top), str(path), (int(str(dev)), int(str(ino))), None if sha is None else str(sha))
+
+
 @dataclass
 class StageResult:
     """What `stage` made: the manifest of the copy (directories included), what it kept out
-    (`withheld`) or could not copy (`skipped`), and how many regular files and bytes it wrote."""
+    (`withheld`) or could not copy (`skipped`), how many regular files and bytes it wrote, and
+    the identities of the files withheld by path (`ids`), which keep their copies out too."""
 
     base: Manifest
     withheld: list[Withheld] = field(default_factory=list)
     skipped: list[Withheld] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
+    ids: list[Ident] = field(default_factory=list)
+
+
+def is_identity_rule(rule: str | None) -> bool:
+    """Whether a verdict rests on other files (a copy or link of a withheld one): it is judged
+    again at every walk, never taken from a cache."""
+    return rule is not None and (rule in (HARDLINK, COPY) or (rule.startswith("archive:") and rule.endswith(COPY)))
+
+
+def identity_rule(
+    entry: Entry, node: tuple[int, int] | None, members: dict[str, str] | None, ids: Iterable[Ident]
+) -> str | None:
+    """Why a staged file must go because of the withheld files `ids`: a hard link of one, a
+    copy of one's content, or an archive holding one's content; None when none of these."""
+    shas = {i.sha256 for i in ids if i.sha256}
+    nodes = {i.node for i in ids}
+    return _identity(entry, node, members, shas, nodes)
+
+
+def _identity(
+    entry: Entry,
+    node: tuple[int, int] | None,
+    members: dict[str, str] | None,
+    shas: Collection[str],
+    nodes: Collection[tuple[int, int]],
+) -> str | None:
+    if entry.kind is not Kind.FILE:
+        return None
+    if node is not None and node in nodes:
+        return HARDLINK
+    if entry.sha256 in shas:
+        return COPY
+    for sha, member in (members or {}).items():
+        if sha in shas:
+            return f"archive:{member}:{COPY}"
+    return None
 
 
 def _special(mode: int) -> str:
@@ -112,31 +174,6 @@ def link_escapes(link: str, target: str, tree: Manifest) -> bool:
     return False
 
 
-class _AnyPattern:
-    """Whether any of `patterns` (gitignore style) matches, as one regex search. Negations are
-    ignored on purpose: a workspace's "!.env" cannot carve a hole in the default withhold list
-    (a workspace may withhold more, never less)."""
-
-    def __init__(self, patterns: Iterable[str]) -> None:
-        self.spec = pathspec.PathSpec.from_lines("gitignore", [p for p in patterns if not p.startswith("!")])
-        self.regex: re.Pattern[str] | None = None
-        regexes = [getattr(p, "regex", None) for p in self.spec.patterns if getattr(p, "include", None)]
-        if all(isinstance(r, re.Pattern) and isinstance(r.pattern, str) for r in regexes):
-            # pathspec names a group in every pattern; one regex cannot repeat a name.
-            parts = [re.sub(r"\(\?P<\w+>", "(?:", r.pattern) for r in regexes if r is not None]
-            self.regex = re.compile("|".join(f"(?:{x})" for x in parts) or "(?!)")
-
-    def __call__(self, path: str) -> bool:
-        if self.regex is not None:
-            return self.regex.search(path) is not None
-        return bool(self.spec.match_file(path))  # pathspec changed its internals: slower, same
-
-    def which(self, path: str) -> str:
-        """The last pattern that matches `path` (the one gitignore would credit)."""
-        hits = [p for p in self.spec.patterns if getattr(p, "include", None) and p.match_file(path) is not None]
-        return str(getattr(hits[-1], "pattern", "?")) if hits else "?"
-
-
 class StagingWalk:
     def __init__(
         self,
@@ -152,11 +189,20 @@ class StagingWalk:
         self.redactor = redactor
         self.progress = progress
         self.scanner = SecretScanner(policy.withhold.detectors, [d.detector for d in policy.withhold.custom])
-        self.withheld_path = _AnyPattern(policy.withhold.patterns)
+        self.withheld_path = policy.withhold_match
         # Only labels above the clearance matter: a path is above it when any of them matches.
-        self.above = _AnyPattern(p for p, lvl in policy.labels.items() if lvl.rank > clearance.rank)
+        self.above = policy.above(clearance)
+        self.archives = ArchiveScanner(
+            self._path_rule,
+            self.scanner,
+            self._mask,
+            max_bytes=policy.withhold.archive_scan_mb << 20,
+            max_members=policy.withhold.archive_max_members,
+        )
         self.result = StageResult(base={})
         self.dirs: dict[str, os.stat_result] = {}  # source stat of every copied directory
+        self.linked: dict[str, tuple[int, int]] = {}  # staged files with other links: their node
+        self.members: dict[str, dict[str, str]] = {}  # staged archives: member sha256 -> member path
 
     # -- decisions ------------------------------------------------------------------------------
 
@@ -166,7 +212,22 @@ class StagingWalk:
             return f"withhold:{self.withheld_path.which(probe)}"
         if self.above(probe):
             return f"label:{self.policy.label_of(probe).value}>{self.clearance.value}"
+        hit = self.scanner.first_hit(os.fsencode(rel))
+        if hit is not None:
+            return f"{IN_NAME}{hit}"
         return None
+
+    def _mask(self, path: str) -> str:
+        return (self.redactor or _PLAIN).text(path)
+
+    def _shown(self, rel: str, rule: str | None = None) -> str:
+        """`rel` as records show it: masked when a detector fires on the name (the withheld list
+        is stored, audited and shown; a secret in a name must not be)."""
+        if rule is not None and not rule.startswith(IN_NAME):
+            return rel
+        if rule is None and self.scanner.first_hit(os.fsencode(rel)) is None:
+            return rel
+        return self._mask(rel)
 
     def _withhold(self, rel: str, rule: str, data: bytes | None = None) -> None:
         self.result.withheld.append(Withheld(rel, rule))
@@ -180,13 +241,15 @@ class StagingWalk:
 
     def run(self, src_root: int, dst_root: int) -> None:
         """Depth first, holding two descriptors per level; a directory's mode, owner and times
-        are set once everything inside it is done (so a read-only one is filled first).
+        are set once everything inside it is done (so a read-only one is filled first). Then,
+        on the finished manifest: links that escape, and copies of withheld files, go.
 
         One thread on purpose: handing writes and hashes to a pool of 2-4 threads made the
         benchmark tree (tests/bench) 40-60% slower on 2 cores; the GIL hand-offs cost more than
         the system calls they overlap."""
         self._descend(src_root, dst_root, "")
         self._drop_escaping_links(dst_root)
+        self.drop_identity_copies(dst_root, self.result.base, self.result.ids)
         if self.progress is not None:
             self.progress(self.result.files, self.result.bytes)
 
@@ -258,7 +321,7 @@ class StagingWalk:
                     else:
                         subdirs.append(rel)
                 elif rule is not None:
-                    self._withhold(rel, rule, self._peek(src, de.name))
+                    self._withhold_file(src, de.name, rel, rule)
                 elif de.is_file(follow_symlinks=False):
                     self._copy_file(src, dst, de.name, rel)
                 elif de.is_symlink():
@@ -282,18 +345,57 @@ class StagingWalk:
         finally:
             os.close(fd)
 
+    def identify(self, src: int, name: str, top: str, path: str) -> tuple[Ident | None, bytes | None]:
+        """Read a withheld file (never copied) for its identity and, with a redactor, its first
+        bytes; (None, None) when it is not a regular file or cannot be read."""
+        try:
+            fd = os.open(name, O_SRC, dir_fd=src)
+        except OSError:
+            return None, None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, None
+            h = hashlib.sha256()
+            head = b""
+            size = 0
+            solid = False
+            while chunk := os.read(fd, CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+                solid = solid or bool(chunk.strip())
+                if len(head) < REDACT_READ:
+                    head += chunk[: REDACT_READ - len(head)]
+        except OSError:
+            return None, None
+        finally:
+            os.close(fd)
+        sha = h.hexdigest() if solid and size >= MIN_SOLID else None
+        return Ident(top, path, (st.st_dev, st.st_ino), sha), head if self.redactor is not None else None
+
+    def _withhold_file(self, src: int, name: str, rel: str, rule: str) -> None:
+        shown = self._shown(rel, rule)
+        ident, head = self.identify(src, name, shown, shown)
+        if ident is not None:
+            self.result.ids.append(ident)
+        self._withhold(shown, rule, head)
+
     def _withhold_tree(self, src: int, name: str, rel: str, rule: str) -> None:
-        """Record a pruned directory; with a redactor, read (never copy) the files under it."""
-        self._withhold(rel, rule)
-        if self.redactor is None:
-            return
+        """Record a pruned directory; read (never copy) the files under it for their identities
+        and, with a redactor, their values."""
+        shown = self._shown(rel, rule)
+        self._withhold(shown, rule)
         try:
             top = os.open(name, O_DIR, dir_fd=src)
             try:
-                for fd, _, de in walk_fds(top):
-                    data = self._peek(fd, de.name) if de.is_file(follow_symlinks=False) else None
-                    if data is not None and is_text(data):
-                        self.redactor.add_file_values(data.decode("utf-8", "replace"))
+                for fd, sub, de in walk_fds(top):
+                    if not de.is_file(follow_symlinks=False):
+                        continue
+                    ident, head = self.identify(fd, de.name, shown, self._shown(f"{rel}/{sub}"))
+                    if ident is not None:
+                        self.result.ids.append(ident)
+                    if self.redactor is not None and head is not None and is_text(head):
+                        self.redactor.add_file_values(head.decode("utf-8", "replace"))
             finally:
                 os.close(top)
         except OSError:
@@ -309,6 +411,29 @@ class StagingWalk:
             os.chown(name, *self.owner, dir_fd=dst, follow_symlinks=False)
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
         self.result.base[rel] = Entry(Kind.SYMLINK, stat.S_IMODE(st.st_mode), 0, None, target)
+
+    def note_node(self, rel: str, st: os.stat_result) -> None:
+        """Remember a staged file's node when it has other links (one may be a withheld file)."""
+        if st.st_nlink > 1:
+            self.linked[rel] = (st.st_dev, st.st_ino)
+
+    def archive_verdict(self, rel: str, data: bytes) -> str | None:
+        """The archive rule that withholds `data` (a whole file), or None; a scanned archive's
+        member hashes are kept for the identity pass."""
+        if sniff(data) is None:
+            return None
+        return self._kept(rel, self.archives.scan_bytes(data))
+
+    def _kept(self, rel: str, scan: ArchiveScan | None) -> str | None:
+        if scan is None:
+            return None
+        if scan.rule is None and scan.members:
+            self.members[rel] = scan.members
+        return scan.rule
+
+    def archive_verdict_fd(self, rel: str, fd: int) -> str | None:
+        """As `archive_verdict`, for a big file read back from the copy open as `fd`."""
+        return self._kept(rel, self.archives.scan_fd(fd))
 
     def _copy_file(self, src: int, dst: int, name: str, rel: str) -> None:
         # Errors reading the source skip the file; errors writing the copy abort the staging.
@@ -337,12 +462,17 @@ class StagingWalk:
         if hit is not None:
             self._withhold(rel, f"detector:{hit}", data)
             return
+        verdict = self.archive_verdict(rel, data)
+        if verdict is not None:
+            self._withhold(rel, verdict)
+            return
         out = os.open(name, O_DST, 0o600, dir_fd=dst)
         try:
             write_all(out, data)
             self._settle(out, st)
         finally:
             os.close(out)
+        self.note_node(rel, st)
         self.result.base[rel] = Entry(Kind.FILE, stat.S_IMODE(st.st_mode), len(data), hashlib.sha256(data).hexdigest())
         self._count(len(data))
 
@@ -353,30 +483,38 @@ class StagingWalk:
             self.progress(self.result.files, self.result.bytes)
 
     def _stream(self, fd: int, dst: int, name: str, rel: str, st: os.stat_result) -> None:
-        """Copy a large file chunk by chunk (hash, scan with overlap, write); on a secret, remove
-        the partial copy and withhold it."""
+        """Copy a large file chunk by chunk (hash, scan with overlap, write), then judge the
+        copy as an archive; on a secret, remove the partial copy and withhold it."""
         h = hashlib.sha256()
         size = 0
         tail = b""
-        out = os.open(name, O_DST, 0o600, dir_fd=dst)
+        out = os.open(name, _O_COPY, 0o600, dir_fd=dst)
         try:
+            rule = None
             while chunk := os.read(fd, CHUNK):
                 window = tail + chunk
                 hit = self.scanner.first_hit(window)
                 if hit is not None:
-                    os.close(out)
-                    out = -1
-                    os.unlink(name, dir_fd=dst)
-                    self._withhold(rel, f"detector:{hit}", window)
-                    return
+                    rule = f"detector:{hit}"
+                    break
                 h.update(chunk)
                 write_all(out, chunk)
                 size += len(chunk)
                 tail = window[-self.scanner.overlap :]
+            else:
+                window = b""
+                rule = self.archive_verdict_fd(rel, out)
+            if rule is not None:
+                os.close(out)
+                out = -1
+                os.unlink(name, dir_fd=dst)
+                self._withhold(rel, rule, window or None)
+                return
             self._settle(out, st)
         finally:
             if out >= 0:
                 os.close(out)
+        self.note_node(rel, st)
         self.result.base[rel] = Entry(Kind.FILE, stat.S_IMODE(st.st_mode), size, h.hexdigest())
         self._count(size)
 
@@ -395,19 +533,48 @@ class StagingWalk:
         base = self.result.base
         links = [(rel, e.target or "") for rel, e in base.items() if e.kind is Kind.SYMLINK]
         for rel in [rel for rel, target in links if link_escapes(rel, target, base)]:
-            parent_rel, _, name = rel.rpartition("/")
-            fd = open_dir(dst_root, parent_rel)
+            self.unstage(dst_root, rel, "symlink-escape")
+
+    def drop_identity_copies(self, dst_root: int, staged: Iterable[str], ids: Iterable[Ident]) -> None:
+        """Take out of the copy every file of `staged` that is a hard link of a withheld file,
+        a copy of one's content, or an archive holding one (`ids`: the withheld files known)."""
+        ids = list(ids)
+        if not ids:
+            return
+        shas = {i.sha256 for i in ids if i.sha256}
+        nodes = {i.node for i in ids}
+        base = self.result.base
+        for rel in list(staged):
+            entry = base.get(rel)
+            rule = None if entry is None else _identity(entry, self.linked.get(rel), self.members.get(rel), shas, nodes)
+            if rule is not None:
+                self.unstage(dst_root, rel, rule)
+
+    def unstage(self, dst_root: int, rel: str, rule: str) -> None:
+        """Remove a staged node from the copy and the manifest and record it withheld by `rule`;
+        a settled read-only directory is opened up for the unlink and settled again."""
+        parent_rel, _, name = rel.rpartition("/")
+        fd = open_dir(dst_root, parent_rel)
+        try:
+            have = os.fstat(fd)
+            if have.st_mode & 0o300 != 0o300:
+                os.fchmod(fd, 0o700)
             try:
-                st = self.dirs.get(parent_rel)
-                if st is not None and st.st_mode & 0o300 != 0o300:
-                    os.fchmod(fd, 0o700)  # a read-only directory, already settled
                 os.unlink(name, dir_fd=fd)
-                if st is not None:
-                    self._settle(fd, st)
+            except FileNotFoundError:
+                pass
             finally:
-                os.close(fd)
-            del base[rel]
-            self.result.withheld.append(Withheld(rel, "symlink-escape"))
+                os.fchmod(fd, stat.S_IMODE(have.st_mode))
+                os.utime(fd, ns=(have.st_atime_ns, have.st_mtime_ns))
+        finally:
+            os.close(fd)
+        entry = self.result.base.pop(rel)
+        if entry.kind is Kind.FILE:
+            self.result.files -= 1
+            self.result.bytes -= entry.size
+        self.linked.pop(rel, None)
+        self.members.pop(rel, None)
+        self.result.withheld.append(Withheld(rel, rule))
 
 
 def _open_dest(dest: Path) -> int:
@@ -435,13 +602,16 @@ def stage(
 ) -> StageResult:
     """Copy `workspace` into `dest` (created; must not exist or be empty) for one run.
 
-    Withheld files are absent from the copy: paths matching the policy's withhold patterns,
-    files whose content a withhold detector finds a secret in, anything labelled above
-    `clearance` (directories that match are pruned whole), and symlinks that can resolve outside
-    the workspace. Fifos, sockets and devices are skipped, as are nodes that vanish or change
-    type mid-walk. Modes (setuid and exec bits too) and times are kept; with `owner`, every created
-    node is chowned to it. With `redactor`, the values of withheld text files are registered
-    there and nowhere else. `progress(files, bytes)` is called now and then and at the end.
+    Withheld files are absent from the copy: paths matching the policy's withhold patterns (any
+    case, any depth: pathmatch.py), files whose content or name a withhold detector finds a secret
+    in, anything labelled above `clearance` (directories that match are pruned whole), archives
+    holding any of these or that cannot be scanned whole (staging/archives.py), hard links and byte-
+    identical copies of a file withheld by path, and symlinks that can resolve outside the
+    workspace. A path whose name carries a secret is recorded masked. Fifos, sockets and devices are
+    skipped, as are nodes that vanish or change type mid-walk. Modes (setuid and exec bits too) and
+    times are kept; with `owner`, every created node is chowned to it. With `redactor`, the values
+    of withheld text files are registered there and nowhere else. `progress(files, bytes)` is called
+    now and then and at the end.
 
     Returns the base manifest of the copy as written (hashed from the very bytes written). Never
     follows a symlink, never writes to the workspace, never copies xattrs, ACLs or hard links

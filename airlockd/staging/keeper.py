@@ -147,10 +147,15 @@ class MirrorKeeper:
             )
             if not walk and st is not None:
                 try:
-                    view = self._incremental(mirror, st, policy, clearance, owner, redactor, run_id, is_live)
+                    got = self._incremental(mirror, st, policy, clearance, owner, redactor, run_id, is_live)
                 except Inconsistent as exc:
                     log.info("mirror keeper: walking the workspace: %s", exc)
                     walk = True
+                else:
+                    if got is None:  # a withheld file changed: its copies may be anywhere
+                        walk = True
+                    else:
+                        view = got
             if walk:
                 view = self._walk(mirror, digest, policy, clearance, owner, redactor, progress, run_id, is_live)
         view.stats.seconds = time.monotonic() - t0
@@ -208,6 +213,7 @@ class MirrorKeeper:
             cache=view.cache,
             base=dict(res.base),
             withheld={w.path: w.rule for w in res.withheld},
+            ids=list(res.ids),
             skipped=skipped,
             specials=specials,
             tree=TreeDigest.of(live_tree_nodes(res.base, specials)),
@@ -230,7 +236,9 @@ class MirrorKeeper:
         redactor: Redactor | None,
         run_id: str | None,
         is_live: Callable[[str], bool],
-    ) -> MirrorView:
+    ) -> MirrorView | None:
+        """The mirror refreshed by re-listing what changed; None when a file withheld by path
+        changed (the refresh is complete, but only a walk finds every copy of it)."""
         key = clearance.value
         with mirror.locked():
             if mirror.current() != st.generation or mirror.serial() != st.serial:
@@ -254,7 +262,7 @@ class MirrorKeeper:
                 size = mirror.append_cache(line)
                 if size > COMPACT_LOG_BYTES:
                     mirror.write_cache(dump(st.cache, st.base, st.digest, stamp, st.result()))
-                st.serial = mirror.end(gen, True, run_id, is_live)
+                st.serial = mirror.end(gen, True, None if stager.identity_changed else run_id, is_live)
                 st.generation = gen
             except BaseException:
                 self._pending.setdefault(key, Changes()).merge(changes)  # nothing is lost: next time
@@ -262,6 +270,8 @@ class MirrorKeeper:
                 raise
         stats.generation, stats.cloned = gen, cloned
         stats.read, stats.written, stats.removed = stager.stats.read, stager.stats.written, stager.stats.removed
+        if stager.identity_changed:
+            return None
         return MirrorView(gen, mirror.tree(gen), st.result(), stats, live_tree=_live(st))
 
 

@@ -41,7 +41,7 @@ from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging import gitcopy
-from airlockd.staging.copy import StageResult, StagingError, Withheld
+from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld
 from airlockd.staging.fdtree import O_DIR
 from airlockd.staging.mirrorstager import (
     FORMAT,
@@ -64,6 +64,8 @@ def policy_digest(policy: Policy, clearance: Level) -> str:
         "format": FORMAT,
         "patterns": policy.withhold.patterns,
         "detectors": policy.withhold.detectors,
+        "custom": [d.model_dump(mode="json") for d in policy.withhold.custom],
+        "archives": [policy.withhold.archive_scan_mb, policy.withhold.archive_max_members],
         "labels": {p: lvl.value for p, lvl in policy.labels.items()},
         "clearance": clearance.value,
     }
@@ -216,6 +218,7 @@ class Mirror:
                 result.base[rel] = Entry(Kind(kind), mode, 0, None, target)
             result.withheld = [Withheld(p, r) for p, r in doc["withheld"]]
             result.skipped = [Withheld(p, r) for p, r in doc["skipped"]]
+            result.ids = [Ident.from_row(row) for row in doc["ids"]]
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return loaded[0], result

@@ -2,8 +2,10 @@
 
 `MirrorStager` is `copy.StagingWalk` writing into an existing mirror: it `lstat`s each file and,
 when the cache vouches for it (same size, mtime_ns, ctime_ns, inode and mode; never a racy line),
-takes the cached SHA-256 and withheld verdict without opening it. Otherwise it reads, scans and
-hashes the file once and writes it under a temporary name renamed over the mirror's (a new inode,
+takes the cached SHA-256, withheld verdict and (for an archive) member hashes without opening it
+(a verdict that rests on other files, a copy or hard link of a withheld file, is never taken from
+the cache: such a file is read again and judged on the walk's own withheld files). Otherwise it
+reads, scans and hashes the file once and writes it under a temporary name renamed over the mirror's (a new inode,
 never a write in place). `dump`, `log_line` and `load` are the cache on disk: a whole dump plus
 one line per incremental refresh, each with the stamp that decides which of its lines are racy.
 """
@@ -23,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.staging.copy import READ_WHOLE, StageResult, StagingError, StagingWalk, os_rule
+from airlockd.staging.copy import READ_WHOLE, StageResult, StagingError, StagingWalk, is_identity_rule, os_rule
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_SRC, read_all, write_all
 
-FORMAT = 2  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
-_O_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FORMAT = 3  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
+_O_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 TMP = ".airlockd-mirror-tmp"
 
 Key = tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, inode, st_mode
@@ -42,22 +44,25 @@ class Cached:
     """One file's cache line: the stat key it was read with, its content verdict."""
 
     key: Key
-    entry: Entry | None  # the mirror's entry; None when withheld by a content detector
-    rule: str | None = None  # "detector:..." when withheld
+    entry: Entry | None  # the mirror's entry; None when withheld by its content (or a copy of one)
+    rule: str | None = None  # "detector:...", "archive:...", "copy-of-withheld"... when withheld
+    members: dict[str, str] | None = None  # an archive's member sha256 -> member path
 
     def row(self) -> list[Any]:
         e = self.entry
-        return [*self.key, e.mode if e else None, e.size if e else None, e.sha256 if e else None, self.rule]
+        row = [*self.key, e.mode if e else None, e.size if e else None, e.sha256 if e else None, self.rule]
+        return [*row, self.members] if self.members else row
 
     @classmethod
     def from_row(cls, row: list[Any], stamp: int) -> Cached:
         """A cache line as stored; racy when not older than the `stamp` it was stored with (its
         size is then made impossible, so the next look at the file reads it again)."""
-        size, mt, ct, ino, mode, emode, esize, sha, rule = row
+        size, mt, ct, ino, mode, emode, esize, sha, rule = row[:9]
+        members = row[9] if len(row) > 9 else None
         entry = Entry(Kind.FILE, emode, esize, sha) if sha is not None else None
         if max(mt, ct) >= stamp:
             size = -1
-        return cls((size, mt, ct, ino, mode), entry, rule)
+        return cls((size, mt, ct, ino, mode), entry, rule, members)
 
 
 @dataclass
@@ -115,7 +120,9 @@ class MirrorStager(StagingWalk):
 
     def _fresh(self, rel: str, st: os.stat_result) -> Cached | None:
         old = self.old.get(rel)
-        return old if old is not None and old.key == _key(st) else None  # racy lines never match
+        if old is None or old.key != _key(st) or is_identity_rule(old.rule):
+            return None  # racy lines never match; nor do verdicts that rest on other files
+        return old
 
     def _copy_file(self, src: int, dst: int, name: str, rel: str) -> None:
         st = os.lstat(name, dir_fd=src)
@@ -126,6 +133,9 @@ class MirrorStager(StagingWalk):
                 self._withhold(rel, hit.rule or "detector:?", self._peek(src, name))
                 self._drop(dst, name)
             else:
+                self.note_node(rel, st)
+                if hit.members:
+                    self.members[rel] = hit.members
                 self.result.base[rel] = hit.entry
                 self._count(hit.entry.size)
             return
@@ -141,7 +151,7 @@ class MirrorStager(StagingWalk):
                     self._skip(rel, "raced" if stat.S_ISDIR(st.st_mode) else f"special-file:{_kind(st)}")
                     return
                 self.stats.read += 1
-                entry, rule, data = self._read_scan(fd, dst, st)
+                entry, rule, data = self._read_scan(fd, st, rel)
             except OSError as exc:
                 if isinstance(exc, _WriteError):
                     raise exc.__cause__ or exc from None
@@ -161,7 +171,8 @@ class MirrorStager(StagingWalk):
         else:
             self._replace(dst, name)
             self.stats.written += 1
-        self.new[rel] = Cached(_key(st), entry)
+        self.new[rel] = Cached(_key(st), entry, members=self.members.get(rel))
+        self.note_node(rel, st)
         self.result.base[rel] = entry
         self._count(entry.size)
 
@@ -172,9 +183,10 @@ class MirrorStager(StagingWalk):
             return False
         return stat.S_ISREG(have.st_mode) and have.st_mtime_ns == st.st_mtime_ns
 
-    def _read_scan(self, fd: int, dst: int, st: os.stat_result) -> tuple[Entry | None, str | None, bytes | None]:
-        """Read, scan and hash one file into the temporary name in `dst` (one buffer, or streamed
-        for big files). (entry, None, None) when it may enter; (None, rule, data) when withheld."""
+    def _read_scan(self, fd: int, st: os.stat_result, rel: str) -> tuple[Entry | None, str | None, bytes | None]:
+        """Read, scan and hash one file into the temporary name (one buffer, or streamed for big
+        files; an archive is judged on the buffer, or on the temporary copy read back).
+        (entry, None, None) when it may enter; (None, rule, data) when withheld."""
         unlink_quietly(self.tmp, TMP)
         h = hashlib.sha256()
         size = 0
@@ -188,6 +200,9 @@ class MirrorStager(StagingWalk):
                 hit = self.scanner.first_hit(data)
                 if hit is not None:
                     return None, f"detector:{hit}", data
+                verdict = self.archive_verdict(rel, data)
+                if verdict is not None:
+                    return None, verdict, None
                 h.update(data)
                 size = len(data)
                 self._write(out, data)
@@ -202,6 +217,9 @@ class MirrorStager(StagingWalk):
                     self._write(out, chunk)
                     size += len(chunk)
                     tail = window[-self.scanner.overlap :]
+                verdict = self.archive_verdict_fd(rel, out)
+                if verdict is not None:
+                    return None, verdict, None
             try:
                 self._settle(out, st)
             except OSError as exc:
@@ -236,6 +254,14 @@ class MirrorStager(StagingWalk):
         self.result.base[rel] = entry
 
     # -- removal --------------------------------------------------------------------------------
+
+    def unstage(self, dst_root: int, rel: str, rule: str) -> None:
+        """As the walk's, and the cache line says withheld (judged again at the next walk)."""
+        super().unstage(dst_root, rel, rule)
+        self.stats.removed += 1
+        old = self.new.get(rel)
+        if old is not None:
+            self.new[rel] = Cached(old.key, None, rule)
 
     def _replace(self, dst: int, name: str) -> None:
         """Move the temporary node over `name` in `dst`: a new inode, never an in-place write."""
@@ -331,6 +357,7 @@ def dump(cache: dict[str, Cached], base: Manifest, digest: str, stamp: int, resu
     if result is not None:
         doc["withheld"] = [[w.path, w.rule] for w in result.withheld]
         doc["skipped"] = [[w.path, w.rule] for w in result.skipped]
+        doc["ids"] = [i.row() for i in result.ids]
     return json.dumps(doc).encode()
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.staging.copy import StageResult, StagingError, Withheld, is_text, link_escapes
+from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld, is_text, link_escapes
 from airlockd.staging.fdtree import O_DIR, open_dir
 from airlockd.staging.gitcopy import DOTGIT as GIT
 from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
@@ -58,6 +59,7 @@ class KeptState:
     bytes: int = 0
     children: dict[str, set[str]] = field(default_factory=dict)
     links: set[str] = field(default_factory=set)
+    ids: list[Ident] = field(default_factory=list)  # the files withheld by path, by identity
 
     def index(self) -> None:
         self.children = {}
@@ -94,6 +96,7 @@ class KeptState:
         res.withheld = [Withheld(p, r) for p, r in sorted(self.withheld.items())]
         res.skipped = [Withheld(p, r) for p, r in sorted(self.skipped.items())]
         res.files, res.bytes = self.files, self.bytes
+        res.ids = list(self.ids)
         return res
 
 
@@ -115,7 +118,11 @@ def live_tree_nodes(base: Manifest, specials: dict[str, Entry]) -> dict[str, Ent
 
 
 class Incremental(MirrorStager):
-    """`MirrorStager` re-listing single directories of an existing mirror."""
+    """`MirrorStager` re-listing single directories of an existing mirror. `identity_changed`
+    says, after `apply`, that a file withheld by path changed (content, node, or one came or
+    went): what is a copy of one may have changed anywhere, so the keeper walks."""
+
+    identity_changed = False
 
     def keep_dir(self, src: int, dst: int, rel: str) -> None:
         """An existing subdirectory whose contents are not in question: its own entry only."""
@@ -189,8 +196,13 @@ def apply(
                     if d == "":
                         raise StagingError(f"the workspace {workspace} cannot be read")
                     dirs.add(_parent(d))
+            # copies of withheld files among what was listed, judged on the withheld files known
+            # (were those to change, the keeper walks: see below)
+            listed = [rel for rel, e in stager.result.base.items() if e.kind is Kind.FILE]
+            stager.drop_identity_copies(dst_root, listed, [*st.ids, *stager.result.ids])
             _fold(workspace, st, stager, dst_root, scope, stats)
-            _learn(stager, src_root, hidden)
+            hidden_ids = _learn(stager, src_root, hidden, st)
+            _fold_ids(st, stager, scope, set(hidden), hidden_ids)
         finally:
             os.close(dst_root)
             os.close(stager.tmp)
@@ -201,22 +213,36 @@ def apply(
     return _log_line(st, scope | stager.result.base.keys() | stager.new.keys(), stamp)
 
 
-def _learn(stager: Incremental, src_root: int, rels: list[str]) -> None:
-    """Give the redactor the values of changed files inside withheld directories (a walk reads
-    every file under one; the mirror never holds them)."""
-    if stager.redactor is None:
-        return
+def _learn(stager: Incremental, src_root: int, rels: list[str], st: KeptState) -> list[Ident]:
+    """The identities of changed files inside withheld directories, and their values for the
+    redactor (a walk reads every file under one; the mirror never holds them)."""
+    out: list[Ident] = []
     for rel in rels:
         try:
             fd = open_dir(src_root, _parent(rel))
         except OSError:
             continue  # gone, or no longer under a directory: nothing to learn
+        top = _parent(rel)
+        while top and top not in st.withheld:
+            top = _parent(top)
         try:
-            data = stager._peek(fd, rel.rpartition("/")[2])
+            ident, data = stager.identify(fd, rel.rpartition("/")[2], top or rel, stager._shown(rel))
         finally:
             os.close(fd)
-        if data is not None and is_text(data):
+        if ident is not None:
+            out.append(ident)
+        if stager.redactor is not None and data is not None and is_text(data):
             stager.redactor.add_file_values(data.decode("utf-8", "replace"))
+    return out
+
+
+def _fold_ids(st: KeptState, stager: Incremental, scope: set[str], hidden: set[str], hidden_ids: list[Ident]) -> None:
+    """Replace the identities of the withheld records this refresh saw again; flag a change."""
+    kept = [i for i in st.ids if i.top not in scope and i.path not in hidden]
+    new = [*kept, *stager.result.ids, *hidden_ids]
+    before = Counter((i.node, i.sha256) for i in st.ids)
+    stager.identity_changed = before != Counter((i.node, i.sha256) for i in new)
+    st.ids = new
 
 
 def _relist(

@@ -11,26 +11,27 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pathspec
-
 from airlockd.pipeline.manifest import walk
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.secretscan import SecretScanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them
 PRUNE = frozenset({".git", "node_modules", ".venv", "__pycache__"})  # never withheld wholesale; skip for speed
 
 
 def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor) -> list[str]:
-    """Register the values of every path-withheld text file (by withhold pattern or a label above
-    `clearance`) with `redactor`; the relative paths read."""
-    above = [p for p, lvl in policy.labels.items() if lvl.rank > clearance.rank and not p.startswith("!")]
-    above_spec = pathspec.PathSpec.from_lines("gitignore", above)
+    """Register the values of every path-withheld text file (by withhold pattern, a label above
+    `clearance` or a secret in its name: staging's own path rules) with `redactor`; the relative
+    paths read. Copies of these (withheld by identity) hold the same values: not read again."""
+    withhold = policy.withhold_match
+    above = policy.above(clearance)
+    names = SecretScanner(policy.withhold.detectors)
     withheld_dirs: list[str] = []
 
     def hit(rel: str, is_dir: bool) -> bool:
         probe = rel + "/" if is_dir else rel
-        return bool(policy.withhold_spec.match_file(probe) or above_spec.match_file(probe))
+        return withhold(probe) or above(probe) or names.first_hit(os.fsencode(rel)) is not None
 
     def skip(rel: str, is_dir: bool) -> bool:
         if is_dir and os.path.basename(rel) in PRUNE:

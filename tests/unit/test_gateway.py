@@ -62,7 +62,10 @@ class Run:
             run_id,
             "codex",
             Route(model.url, frozenset({("POST", "/v1/responses")}), REAL_KEY, **route),
-            self.sock, ttl_s=60, on_usage=self._usage, on_refused=self._refused
+            self.sock,
+            ttl_s=60,
+            on_usage=self._usage,
+            on_refused=self._refused,
         )
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock)), base_url="http://gw", timeout=10)
         self.done = threading.Event()
@@ -287,14 +290,14 @@ def test_refusals_come_before_the_body_is_read(gateway: Gateway, model: Scripted
     big = 30 * 1024 * 1024
     no_token = b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n" % big
     assert _raw(run.sock, no_token).startswith(b"HTTP/1.1 401")
-    wrong_path = (
-        b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
-        % (run.token.encode(), big)
+    wrong_path = b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (
+        run.token.encode(),
+        big,
     )
     assert _raw(run.sock, wrong_path).startswith(b"HTTP/1.1 404")
-    too_big = (
-        b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
-        % (run.token.encode(), 64 * 1024 * 1024)
+    too_big = b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (
+        run.token.encode(),
+        64 * 1024 * 1024,
     )
     assert _raw(run.sock, too_big).startswith(b"HTTP/1.1 413")
     assert not model.seen

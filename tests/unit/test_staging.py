@@ -525,15 +525,28 @@ PATTERNS = [
     "docs/*.md",
 ]
 segments = st.sampled_from(
-    [".env", ".env.x", "a", "b", "build", "secrets", "x.pem", "id_rsa2", ".aws", "c.txt", "rooted.txt", "!literal"]
+    [
+        *[".env", ".env.x", "a", "b", "build", "secrets", "x.pem", "id_rsa2", ".aws", "c.txt", "rooted.txt"],
+        *["!literal", ".docker", "config.json", "docs", "x.md", ".kube", "config"],
+    ]
 )
 
 
-@given(st.lists(segments, min_size=1, max_size=4), st.booleans())
-def test_the_fast_pattern_matcher_agrees_with_pathspec(parts: list[str], is_dir: bool) -> None:
+def _anywhere(pattern: str) -> str:
+    inner = "/" in pattern.rstrip("/")
+    return f"**/{pattern}" if inner and not pattern.startswith(("/", "**/")) else pattern
+
+
+@given(st.lists(segments, min_size=1, max_size=4), st.booleans(), st.lists(st.booleans(), min_size=40, max_size=40))
+def test_the_fast_pattern_matcher_agrees_with_pathspec(parts: list[str], is_dir: bool, upper: list[bool]) -> None:
+    """The one matcher is gitignore's pathspec, but in any case; for withholding, at any depth
+    (pathspec itself, given `**/` in front of each inner-slash pattern)."""
     import pathspec
 
+    from airlockd.pathmatch import AnyPattern, withhold_matcher
+
     path = "/".join(parts) + ("/" if is_dir else "")
-    fast = staging._AnyPattern(PATTERNS)
-    assert fast.regex is not None
-    assert fast(path) == pathspec.PathSpec.from_lines("gitignore", PATTERNS).match_file(path)
+    path = "".join(ch.upper() if up else ch for ch, up in zip(path, upper * 4, strict=False))
+    assert AnyPattern(PATTERNS)(path) == pathspec.PathSpec.from_lines("gitignore", PATTERNS).match_file(path.lower())
+    deep = pathspec.PathSpec.from_lines("gitignore", [_anywhere(p) for p in PATTERNS])
+    assert withhold_matcher(PATTERNS)(path) == deep.match_file(path.lower())

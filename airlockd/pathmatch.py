@@ -1,0 +1,69 @@
+"""One path matcher for the patterns that keep things out: withhold, labels, protected files.
+
+Gitignore-style patterns, with two deliberate departures where a pattern guards a secret:
+
+- **case-insensitive**: `.ENV`, `ID_RSA`, `cert.PEM` are what `.env`, `id_rsa*`, `*.pem` mean
+  (a case-insensitive checkout makes them the same file; a person writing `.env` means both);
+- **negations ignored**: a workspace's `!.env` can never carve a hole in a floor list.
+
+And, for withhold patterns only (`anywhere=True`), **any depth**: a pattern with an inner slash,
+`.docker/config.json`, matches `sub/.docker/config.json` too (gitignore would anchor it at the
+root). A leading `/` still anchors: `/build/secret.txt` is the explicit "only this one".
+Labels and protected files keep gitignore's anchoring: `docs/internal/` labels that folder.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import pathspec
+
+_ANY_DEPTH = "^(?:.+/)?"
+
+
+def _regex(pattern: object, text: str, anywhere: bool) -> re.Pattern[str] | None:
+    regex = getattr(pattern, "regex", None)
+    if not isinstance(regex, re.Pattern) or not isinstance(regex.pattern, str):
+        return None
+    src = regex.pattern
+    if anywhere and not text.lstrip().startswith("/") and src.startswith("^") and not src.startswith(_ANY_DEPTH):
+        src = _ANY_DEPTH + src[1:]
+    # pathspec names a group in every pattern; one regex cannot repeat a name.
+    return re.compile(re.sub(r"\(\?P<\w+>", "(?:", src), re.IGNORECASE)
+
+
+class AnyPattern:
+    """Whether any of `patterns` (gitignore style) matches a relative path, case-insensitively,
+    as one regex search; negations are ignored; with `anywhere`, inner-slash patterns match at
+    any depth. Directories are probed with a trailing slash (`"sub/.ssh/"`)."""
+
+    def __init__(self, patterns: Iterable[str], *, anywhere: bool = False) -> None:
+        texts = [p for p in patterns if not p.lstrip().startswith("!") and p.strip()]
+        self.patterns: list[tuple[str, re.Pattern[str]]] = []
+        for text in texts:
+            for pat in pathspec.PathSpec.from_lines("gitignore", [text]).patterns:
+                if not getattr(pat, "include", None):
+                    continue
+                rx = _regex(pat, text, anywhere)
+                if rx is None:  # pathspec changed its internals: refuse rather than match less
+                    raise RuntimeError(f"cannot compile the pattern {text!r} (pathspec {pathspec.__version__})")
+                self.patterns.append((text, rx))
+        joined = "|".join(f"(?:{rx.pattern})" for _, rx in self.patterns)
+        self.regex = re.compile(joined or "(?!)", re.IGNORECASE)
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def __call__(self, path: str) -> bool:
+        return self.regex.search(path) is not None
+
+    def which(self, path: str) -> str:
+        """The last pattern that matches `path` (the one gitignore would credit), or "?"."""
+        hits = [text for text, rx in self.patterns if rx.search(path)]
+        return hits[-1] if hits else "?"
+
+
+def withhold_matcher(patterns: Iterable[str]) -> AnyPattern:
+    """The matcher of withhold patterns: any case, any depth, no negation."""
+    return AnyPattern(patterns, anywhere=True)

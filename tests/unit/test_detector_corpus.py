@@ -381,7 +381,9 @@ def test_every_detector_takes_linear_time_on_a_hostile_megabyte(detector: str) -
             _utf16_private_key(data)
         scanner.first_hit(data)
         slowest = max(slowest, time.perf_counter() - t0)
-    assert slowest < 0.5, f"{detector}: {slowest:.2f} s on a hostile 1 MB input"
+    # a bound, not a benchmark: backtracking on a megabyte takes minutes, linear work well under
+    # a second even on a loaded machine (the CI's other tests run beside it)
+    assert slowest < 5, f"{detector}: {slowest:.2f} s on a hostile 1 MB input"
 
 
 # -- the scanner's anchors never change a verdict --------------------------------------------------

@@ -54,7 +54,7 @@ RAW = (WITHHELD, KEY_BODY, TOKEN)
 def _halves(name: str, value: str) -> str:
     """Shell that sets $name to `value` without the prompt holding it whole."""
     h = len(value) // 2
-    return f"{name}1={shlex.quote(value[:h])}; {name}2={shlex.quote(value[h:])}; {name}=\"${name}1${name}2\""
+    return f'{name}1={shlex.quote(value[:h])}; {name}2={shlex.quote(value[h:])}; {name}="${name}1${name}2"'
 
 
 AGENT_SCRIPT = "; ".join(
@@ -114,6 +114,10 @@ def _read_commands(ws: Path, out: list[str], run_id: str, export_dir: Path, daem
     for as_json in ([], ["--json"]):
         refused = _cli(ws, out, *as_json, "approve", run_id, "--path", "src/notes.txt", daemon=daemon)
         assert refused.returncode != 0 and "invariant:secret-in-content" in refused.stdout + refused.stderr
+        # errors that would echo a secret back: a path or a run id that is one
+        assert _cli(ws, out, *as_json, "approve", run_id, "--path", WITHHELD, daemon=daemon).returncode != 0
+        assert _cli(ws, out, *as_json, "reject", run_id, "--path", f"src/{TOKEN}.txt", daemon=daemon).returncode != 0
+        assert _cli(ws, out, *as_json, "show", TOKEN, daemon=daemon).returncode != 0
 
 
 def _assert_never_shown(texts: list[str], *roots: Path) -> None:
@@ -231,6 +235,9 @@ async def _through_the_daemon(state: Path, tmp_path: Path) -> None:
         assert "notes.txt" not in edit and "config.py" not in edit  # denied: never in the edit
         with pytest.raises(Exception, match="secret-in-content"):
             await command("airlock.approve", {"runId": run_id, "paths": ["src/notes.txt"]})
+        for bad in ({"runId": run_id, "paths": [WITHHELD]}, {"runId": run_id, TOKEN: 1}, {"runId": TOKEN}):
+            with pytest.raises(Exception):  # noqa: B017 - the error's text is what the transcript check reads
+                await command("airlock.approve", bad)
         await command("airlock.getEvidence", {"runId": run_id})
         await command("airlock.listRuns", {})
         await command("airlock.approve", {"runId": run_id})  # the clean file lands

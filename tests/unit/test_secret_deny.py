@@ -228,3 +228,24 @@ def _assert_nowhere(root: Path) -> None:
         for raw in RAW:
             assert raw.encode() not in data, path
         assert TOKEN not in str(path), path
+
+
+def test_plain_output_of_a_process_acting_alone_is_masked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last net under plain text, as `--json` has one: once a command has built the service
+    (and learnt the withheld values), whatever it prints passes the redactor."""
+    from airlockd.cli.decide import MaskedText, mask_output
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test, wrapper and all
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    svc = Service(workspace(tmp_path))
+    assert svc.redactor.known_in(WITHHELD)
+    mask_output()
+    mask_output()  # once
+    assert isinstance(sys.stdout, MaskedText) and not isinstance(sys.stdout.raw, MaskedText)
+    print(f"a line with {WITHHELD} and {TOKEN}")
+    print(f"and on stderr {WITHHELD}", file=sys.stderr)
+    got = capsys.readouterr()
+    assert WITHHELD not in got.out + got.err and TOKEN not in got.out
+    assert got.out.count("[REDACTED]") == 2 and "[REDACTED]" in got.err

@@ -131,8 +131,9 @@ def find_secrets_in(
 ) -> dict[str, Secret]:
     """The secret each change carries, path -> Secret: in its name (any detector, or a value
     `redactor` knows), else in the proposed bytes of a created or modified regular file (the
-    `detectors`, or a known value). A file over `max_bytes` is not read (the size cap denies it).
-    Reads the staging copy only; never returns or keeps the value found."""
+    `detectors`, or a known value) or the target of a symlink (as a name). A file over
+    `max_bytes` is not read (the size cap denies it). Reads the staging copy only; never returns
+    or keeps the value found."""
     scanner = SecretScanner(detectors)
     found: dict[str, Secret] = {}
     for c in changes:
@@ -141,6 +142,11 @@ def find_secrets_in(
             found[c.path] = Secret(in_name, in_name=True)
             continue
         after = c.after
+        if after is not None and after.kind is Kind.SYMLINK:  # a link's content is its target
+            in_target = _secret_in_name(after.target or "", redactor)
+            if in_target is not None:
+                found[c.path] = Secret(in_target)
+            continue
         if after is None or after.kind is not Kind.FILE or after.size > max_bytes:
             continue
         hit = scan_file(proposed_path(run_dir, c.path), scanner, redactor)

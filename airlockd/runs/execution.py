@@ -19,7 +19,7 @@ from airlockd.evidence.document import live_tree
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline.classify import Secret, classify
-from airlockd.pipeline.manifest import Change
+from airlockd.pipeline.manifest import Change, Entry
 from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, RunRecord, RunState
 from airlockd.runs import screening
@@ -375,10 +375,10 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 change=c.change.change.value,
                 decision=c.decision,
                 rule=c.rule,
-                reason=c.reason,
+                reason=svc.redactor.text(c.reason),  # a reason may quote a symlink's target
                 state=state,
                 before=c.change.before.to_json() if c.change.before else None,
-                after=c.change.after.to_json() if c.change.after else None,
+                after=_stored_entry(svc, c.change.after, c.change.path in secrets),
             )
         )
         svc.audit.append(
@@ -430,6 +430,15 @@ def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> 
         svc.redactor,
         max_bytes=svc.policy.defaults.max_file_bytes,
     )
+
+
+def _stored_entry(svc: Service, entry: Entry | None, secret: bool) -> dict[str, Any] | None:
+    """The proposed entry as the store keeps it: a symlink target that carries a secret masked
+    (the change is denied, so nothing ever lands from it)."""
+    if entry is None:
+        return None
+    doc = entry.to_json()
+    return dict(svc.redactor.value(doc)) if secret else doc
 
 
 def drop_secrets(run_dir: Path, secrets: Mapping[str, Secret]) -> None:

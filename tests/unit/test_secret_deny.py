@@ -134,6 +134,20 @@ def test_secrets_in_a_proposal_are_denied_and_never_kept(tmp_path: Path, stager:
     _assert_nowhere(svc.state.root)
 
 
+def test_a_symlink_whose_target_is_a_secret_is_denied_and_masked(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+
+    def agent(staged: Path) -> bytes:
+        os.symlink(f"../{TOKEN}", staged / "src" / "link")
+        return b""
+
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    (link,) = _run(svc).files
+    assert (link.decision, link.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert "github-token" in link.reason
+    _assert_nowhere(svc.state.root)
+
+
 def test_the_cli_shows_the_deny_and_its_reason_never_the_value(tmp_path: Path) -> None:
     ws = workspace(tmp_path, PERMISSIVE)
     svc = Service(ws, sandbox=FakeSandbox(_agent))

@@ -108,6 +108,8 @@ _STAGED_MODULES = {
     "test_limits",
     "test_containment",
     "test_staging_engine",
+    "test_secret_deny",
+    "test_secret_proposals",
 }
 
 

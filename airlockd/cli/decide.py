@@ -7,10 +7,11 @@ path; acting alone imports the service when it needs it. See docs/daemon.md.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from airlockd.cli.show import RunDoc, print_run, run_doc, run_json
 from airlockd.errors import AirlockError, UsageError, from_json
@@ -213,7 +214,44 @@ def service(args: argparse.Namespace, *, recover: bool = False) -> Any:
 
     log_to_stderr(args)
     svc = Service(Path(args.workspace), actor="cli")
+    mask_output()  # the service has learnt the withheld values: whatever is printed from here is masked
     return svc.recover() if recover else svc
+
+
+class MaskedText(io.TextIOBase):
+    """A text stream whose every write passes the redactor first (`scrub`: the patterns and every
+    value this process knows): for plain text, the last net `--json` output has in `_emit`."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, s: str) -> int:
+        from airlockd.redact import scrub
+
+        self.raw.write(scrub(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.raw.encoding
+
+
+def mask_output() -> None:
+    """Mask what this process prints on stdout and stderr from now on (once). Only for a process
+    that acts alone: a daemon's answers are masked by the daemon, and `serve --stdio` owns stdout."""
+    if not isinstance(sys.stdout, MaskedText):
+        sys.stdout = MaskedText(sys.stdout)
+    if not isinstance(sys.stderr, MaskedText):
+        sys.stderr = MaskedText(sys.stderr)
 
 
 # -- commands ---------------------------------------------------------------------------------

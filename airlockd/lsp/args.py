@@ -1,5 +1,6 @@
 """Command arguments (one JSON object each, modelled in `airlockd.protocol`) validated, and the
-mapping of airlockd's errors to JSON-RPC errors. A bad argument is `InvalidParams` naming the field."""
+mapping of airlockd's errors to JSON-RPC errors. A bad argument is `InvalidParams` naming the field.
+Error messages may quote what the client sent (a path, a key): they pass the redactor."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from airlockd.errors import AirlockError
 from airlockd.protocol import Args
+from airlockd.redact import scrub
 
 A = TypeVar("A", bound=Args)
 
@@ -34,10 +36,11 @@ def parse(model: type[A], arguments: Sequence[Any]) -> A:
 
 
 def invalid(message: str, field: str | None) -> JsonRpcException:
+    message, field = scrub(message), scrub(field)
     return JsonRpcInvalidParams(message, data={"error": "usage", "message": message, "field": field})
 
 
 def rpc_error(exc: AirlockError) -> JsonRpcException:
     """An AirlockError as a JSON-RPC error: its stable code, its message, its data (never a traceback)."""
     message = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
-    return JsonRpcException(message, code=exc.rpc_code, data=exc.to_json())
+    return JsonRpcException(scrub(message), code=exc.rpc_code, data=scrub(exc.to_json()))

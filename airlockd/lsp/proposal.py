@@ -3,6 +3,9 @@ and the pending part as an LSP `WorkspaceEdit`. Reads the run's files; never wri
 
 The edit is evidence for a preview, never the way a change lands: approvals go through the
 commit engine (`Review`), so what reaches disk does not depend on what an editor says it applied.
+The whole proposal passes the run's redactor on its way out (hunk texts, the edit's new text,
+paths, reasons); a change that carries a secret is denied at classification, so it is listed
+under `denied` with its rule and reason and its content is never sent.
 """
 
 from __future__ import annotations
@@ -175,7 +178,7 @@ def build(content: ProposalContent, rec: RunRecord, workspace: Path, support: Ed
         edit = types.WorkspaceEdit(document_changes=doc_changes, change_annotations=annotations or None)
     else:
         edit = types.WorkspaceEdit(changes=changes)
-    return protocol.Proposal(
+    wire = protocol.Proposal(
         runId=rec.id,
         agent=rec.agent,
         state=rec.state,
@@ -183,6 +186,7 @@ def build(content: ProposalContent, rec: RunRecord, workspace: Path, support: Ed
         files=files,
         denied=denied,
     ).wire()
+    return dict(content.redactor.value(wire))
 
 
 def _text_edit(

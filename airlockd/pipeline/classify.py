@@ -12,6 +12,14 @@ protected patterns count when any positive pattern matches: a `!negation` cannot
 Withhold patterns are staging's own matcher (pathmatch.py), so they also match at any depth:
 a proposal creating `sub/.ENV` is as denied as `.env`.
 
+Secrets: the caller reads what classify never does (the proposed bytes, the run's redactor) and
+hands over, path by path, a `Secret` found in a change's content or in its name. Either is
+`deny` (`secret-in-content`, `secret-in-name`) above every other rule: the reason names the
+detector or "a value of a withheld file", never the value. A modified file is denied even when
+its base held the same value: the base was staged, so no detector fired on it, and a withheld
+value that also sits in a staged file is still one the redactor masks wherever it is shown, so
+the change could not be reviewed as it is.
+
 Directories: a created or deleted directory follows the changes inside it (the strictest of
 them), so `mkdir src/pkg` + `src/pkg/a.py` is as `auto` as the file; an empty one goes through
 the rules like a file (patterns see `path/`). Mode changes and type changes are at least
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import stat
 import unicodedata
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from airlockd.names import display
@@ -44,6 +52,23 @@ class Classified:
     reason: str
 
 
+WITHHELD_VALUE = "withheld-value"  # Secret.found_by for an exact value of a withheld file
+
+
+@dataclass(frozen=True)
+class Secret:
+    """What the caller found in a change: `found_by` is a detector's name (redact.DETECTORS) or
+    WITHHELD_VALUE; `in_name` when it is in the path itself rather than the content."""
+
+    found_by: str
+    in_name: bool = False
+
+    def describe(self) -> str:
+        what = "a value of a withheld file" if self.found_by == WITHHELD_VALUE else f"a {self.found_by} secret"
+        where = "the path" if self.in_name else "the proposed content"
+        return f"{where} carries {what}"
+
+
 @dataclass(frozen=True)
 class _Verdict:
     decision: Decision
@@ -62,6 +87,13 @@ def _review(rule: str, reason: str) -> _Verdict:
 def _stricter(a: _Verdict | None, b: _Verdict) -> _Verdict:
     """The verdict with the higher decision; `a` (the earlier, an invariant) on a tie."""
     return b if a is None or b.decision.rank > a.decision.rank else a
+
+
+def _secret_verdict(secret: Secret | None) -> _Verdict | None:
+    if secret is None:
+        return None
+    rule = "secret-in-name" if secret.in_name else "secret-in-content"
+    return _deny(rule, f"{secret.describe()}; a change carrying a secret never lands")
 
 
 def _name_problem(path: str) -> _Verdict | None:
@@ -179,20 +211,23 @@ def classify(
     withheld: Collection[str],
     *,
     base: Collection[str] = (),
+    secrets: Mapping[str, Secret] | None = None,
 ) -> list[Classified]:
     """Exactly one decision per change, in the order of `changes`; deterministic for a given
-    policy, change set, withheld set and base.
+    policy, change set, withheld set, base and secrets.
 
     `withheld` are the paths staging kept out (a directory covers everything under it); `base`,
-    when given, the paths of the staged tree, for case collisions with untouched files. Never
+    when given, the paths of the staged tree, for case collisions with untouched files;
+    `secrets`, the secret the caller found in a change (path -> Secret), each one `deny`. Never
     reads the filesystem; never lets a policy rule lower an invariant's floor."""
+    secrets = secrets or {}
     todo = list(changes)
     judge = _Classifier(policy, withheld, [*base, *(c.path for c in todo)])
     verdicts: dict[str, _Verdict] = {}
     inside: dict[str, list[_Verdict]] = {}  # directory -> verdicts of the changes under it
     # Deepest first, so a directory that follows its contents sees their verdicts.
     for c in sorted(todo, key=lambda c: c.path.count("/"), reverse=True):
-        floor = judge.invariants(c)
+        floor = _secret_verdict(secrets.get(c.path)) or judge.invariants(c)
         inner = inside.get(c.path, []) if _follows_contents(c) else []
         if floor is not None and floor.decision is Decision.DENY:
             verdict = floor

@@ -1,17 +1,24 @@
 """What a proposal holds, read back from the run's folder: the base each change was made against
-(kept at inspection), the proposed bytes, a file's hunks with their review state, and the diff.
-Reading only: deciding is review.py's."""
+(kept at inspection), the proposed bytes, a file's hunks with their review state, and the diff;
+and the secrets a proposal carries (`find_secrets`), for the classifier's `secret-in-*`
+invariants. Reading only: deciding is review.py's. Whatever text leaves here for a person (the
+diff) has passed the run's redactor."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from airlockd.names import display, under
+from airlockd.pipeline.classify import WITHHELD_VALUE, Secret
 from airlockd.pipeline.hunks import Hunk, hunks, is_binary, unified_diff
-from airlockd.pipeline.manifest import Entry, Kind, sha256_file
+from airlockd.pipeline.manifest import Change, Entry, Kind, sha256_file
 from airlockd.records import ConflictCause, FileReview, FileState, RunRecord
+from airlockd.redact import Redactor, find_secrets
+from airlockd.staging.secretscan import SecretScanner
 from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
 from airlockd.store import Store
@@ -20,8 +27,9 @@ from airlockd.store import Store
 class ProposalContent:
     """The files of proposals: the workspace they were made against, the state dir that keeps them."""
 
-    def __init__(self, *, workspace: Path, state: StateDir, store: Store) -> None:
+    def __init__(self, *, workspace: Path, state: StateDir, store: Store, redactor: Redactor) -> None:
         self.workspace, self.state, self.store = workspace, state, store
+        self.redactor = redactor
 
     def keep_base_blobs(self, run_id: str, files: list[FileReview]) -> None:
         """Copy the live content each modified/deleted file was changed against, for diffs and
@@ -64,6 +72,10 @@ class ProposalContent:
         return old, new
 
     def diff(self, run_id: str, path: str | None = None) -> str:
+        """The unified diff of a proposal (or of the changes under `path`), redacted."""
+        return self.redactor.text(self._diff(run_id, path))
+
+    def _diff(self, run_id: str, path: str | None) -> str:
         rec = self.store.get_run(run_id)
         parts = []
         for f in rec.files:
@@ -109,3 +121,78 @@ def keep_base_blob(workspace: Path, run_dir: Path, n: int, f: FileReview) -> boo
         pass
     blob.unlink(missing_ok=True)
     return False
+
+
+CHUNK = 1 << 20  # bytes of a proposed file scanned at once
+
+
+def find_secrets_in(
+    run_dir: Path, changes: Iterable[Change], detectors: Iterable[str], redactor: Redactor, *, max_bytes: int
+) -> dict[str, Secret]:
+    """The secret each change carries, path -> Secret: in its name (any detector, or a value
+    `redactor` knows), else in the proposed bytes of a created or modified regular file (the
+    `detectors`, or a known value) or the target of a symlink (as a name). A file over
+    `max_bytes` is not read (the size cap denies it). Reads the staging copy only; never returns
+    or keeps the value found."""
+    scanner = SecretScanner(detectors)
+    found: dict[str, Secret] = {}
+    for c in changes:
+        in_name = _secret_in_name(c.path, redactor)
+        if in_name is not None:
+            found[c.path] = Secret(in_name, in_name=True)
+            continue
+        after = c.after
+        if after is not None and after.kind is Kind.SYMLINK:  # a link's content is its target
+            in_target = _secret_in_name(after.target or "", redactor)
+            if in_target is not None:
+                found[c.path] = Secret(in_target)
+            continue
+        if after is None or after.kind is not Kind.FILE or after.size > max_bytes:
+            continue
+        hit = scan_file(proposed_path(run_dir, c.path), scanner, redactor)
+        if hit is not None:
+            found[c.path] = Secret(hit)
+    return found
+
+
+def _secret_in_name(path: str, redactor: Redactor) -> str | None:
+    if redactor.known_in(path):
+        return WITHHELD_VALUE
+    hits = find_secrets(path)
+    return hits[0][0] if hits else None
+
+
+def scan_bytes(data: bytes, scanner: SecretScanner, redactor: Redactor) -> str | None:
+    """The first of `scanner`'s detectors that fires on `data`, else WITHHELD_VALUE when it holds
+    a value `redactor` knows, else None."""
+    hit = scanner.first_hit(data)
+    if hit is None and redactor.known_in(data.decode("utf-8", "replace")):
+        hit = WITHHELD_VALUE
+    return hit
+
+
+def scan_file(path: Path, scanner: SecretScanner, redactor: Redactor) -> str | None:
+    """The first detector that fires on the regular file at `path` (read in chunks, with an
+    overlap wider than any secret or known value, so none hides across a chunk's edge), or
+    WITHHELD_VALUE for a value `redactor` knows; None when clean or unreadable (not a regular
+    file: never follows a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        overlap = max([scanner.overlap, *(len(v.encode()) for v in redactor.values())])
+        tail = b""
+        while chunk := os.read(fd, CHUNK):
+            window = tail + chunk
+            hit = scan_bytes(window, scanner, redactor)
+            if hit is not None:
+                return hit
+            tail = window[-overlap:]
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

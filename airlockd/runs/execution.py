@@ -4,11 +4,12 @@ steps; every change of the run's state goes through `svc.lifecycle`, which owns 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +18,19 @@ from airlockd.errors import EngineError
 from airlockd.evidence.document import live_tree
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
-from airlockd.pipeline.classify import classify
+from airlockd.pipeline.classify import Secret, classify
+from airlockd.pipeline.manifest import Change, Entry
 from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
+from airlockd.runs.content import find_secrets_in
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import StageRequest
 from airlockd.staging.copy import StageResult, Withheld
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
+from airlockd.staging.withheld import learn as learn_withheld
 
 if TYPE_CHECKING:
     from airlockd.runs.service import Progress, Service
@@ -360,8 +364,10 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     base = stager.base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
     changes = stager.inspect(run_dir, base)  # from the upper layer, or a full rescan
     withheld = {w["path"] for w in rec.withheld}
+    secrets = carried_secrets(svc, rec, changes)
     files = []
-    for c in classify(changes, svc.policy, withheld, base=base.twins([c.path for c in changes])):
+    twins = base.twins([c.path for c in changes])
+    for c in classify(changes, svc.policy, withheld, base=twins, secrets=secrets):
         state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
         files.append(
             FileReview(
@@ -369,10 +375,10 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 change=c.change.change.value,
                 decision=c.decision,
                 rule=c.rule,
-                reason=c.reason,
+                reason=svc.redactor.text(c.reason),  # a reason may quote a symlink's target
                 state=state,
                 before=c.change.before.to_json() if c.change.before else None,
-                after=c.change.after.to_json() if c.change.after else None,
+                after=_stored_entry(svc, c.change.after, c.change.path in secrets),
             )
         )
         svc.audit.append(
@@ -385,6 +391,7 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             decision=c.decision.value,
             rule=c.rule,
         )
+    drop_secrets(run_dir, secrets)
     files = screening.screen_changes(svc, rec, files)
     svc.content.keep_base_blobs(rec.id, files)
     for f in files:
@@ -407,6 +414,44 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         if auto:
             rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
     return svc.lifecycle.settle(rec.id)
+
+
+def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> dict[str, Secret]:
+    """The secret each change of the run carries (path -> Secret), in its name or its proposed
+    content. The values of withheld files are read again from the live workspace first (into
+    memory only, never stored): this process may not be the one that staged the run (a daemon
+    restarted, a run re-attached), and a withheld file may have changed while the agent ran
+    (a walk: 0.2 s on a 20,000-file tree, once per inspection)."""
+    learn_withheld(svc.workspace, svc.policy, svc.policy.clearance_for(rec.agent), svc.redactor)
+    return find_secrets_in(
+        svc.state.run_dir(rec.id),
+        changes,
+        svc.policy.withhold.detectors,
+        svc.redactor,
+        max_bytes=svc.policy.defaults.max_file_bytes,
+    )
+
+
+def _stored_entry(svc: Service, entry: Entry | None, secret: bool) -> dict[str, Any] | None:
+    """The proposed entry as the store keeps it: a symlink target that carries a secret masked
+    (the change is denied, so nothing ever lands from it)."""
+    if entry is None:
+        return None
+    doc = entry.to_json()
+    return dict(svc.redactor.value(doc)) if secret else doc
+
+
+def drop_secrets(run_dir: Path, secrets: Mapping[str, Secret]) -> None:
+    """Remove what carries a secret from the staging copy: it can never land and is never shown,
+    so the state dir keeps no copy of it (deepest first, so a directory named with a secret goes
+    once it is empty). Best effort: the deny holds either way."""
+    for path in sorted(secrets, key=lambda p: p.count("/"), reverse=True):
+        node = stagers.proposed_path(run_dir, path)
+        with contextlib.suppress(OSError):
+            if node.is_dir() and not node.is_symlink():
+                node.rmdir()
+            else:
+                node.unlink()
 
 
 def run_live(svc: Service, run_id: str) -> bool:

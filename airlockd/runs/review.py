@@ -18,14 +18,15 @@ from pathlib import Path
 from airlockd.errors import CommitError, ConflictError, StateError, UsageError
 from airlockd.evidence.audit import AuditLog
 from airlockd.names import display, under
-from airlockd.pipeline.classify import classify
+from airlockd.pipeline.classify import Secret, classify
 from airlockd.pipeline.commit import FileOp, commit, undo_ops
 from airlockd.pipeline.hunks import apply_hunks, hunks
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
-from airlockd.runs.content import ProposalContent
+from airlockd.runs.content import ProposalContent, scan_bytes
 from airlockd.runs.lifecycle import RunLifecycle
+from airlockd.staging.secretscan import SecretScanner
 from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
 from airlockd.store import Store
@@ -414,10 +415,13 @@ class Review:
                 after = Entry.from_json_or_none(f.after)
                 mode = after.mode if after else base.mode if base else 0o644
                 entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
+                policy = self._policy()
+                hit = scan_bytes(content, SecretScanner(policy.withhold.detectors), self.content.redactor)
                 check = classify(
                     ChangeSet([Change(f.path, ChangeKind.MODIFIED, Entry.from_json_or_none(f.before), entry)]),
-                    self._policy(),
+                    policy,
                     withheld,
+                    secrets={f.path: Secret(hit)} if hit else None,
                 )
                 if check[0].decision is Decision.DENY:
                     raise StateError(

@@ -95,7 +95,8 @@ def screen_changes(svc: Service, rec: RunRecord, files: list[FileReview]) -> lis
         masked = svc.redactor.text(f.path)
         if masked != f.path:
             f.path, f.decision, f.state = masked, Decision.DENY, FileState.DENIED
-            f.rule, f.reason = "invariant:secret-in-name", "the path holds a secret"
+            if f.rule != "invariant:secret-in-name":  # classify's reason names the detector; keep it
+                f.rule, f.reason = "invariant:secret-in-name", "the path holds a secret"
     clf = _classifier(svc)
     if clf is None or not clf.cfg.decisions:
         return files

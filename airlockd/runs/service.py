@@ -129,7 +129,9 @@ class Service:
             policy=lambda: self.policy,
             actor=lambda: self.actor,
         )
-        self.content = ProposalContent(workspace=self.workspace, state=self.state, store=self.store)
+        self.content = ProposalContent(
+            workspace=self.workspace, state=self.state, store=self.store, redactor=self.redactor
+        )
         self.review = Review(
             workspace=self.workspace,
             state=self.state,

@@ -1,0 +1,265 @@
+"""A proposal that carries a secret is denied by an invariant, and no output shows the secret.
+
+The agent (a fake sandbox playing it on the staging copy) writes a value of a withheld file into a
+staged file, creates a file holding a private key, and creates a file whose NAME is a token. Each
+is `deny` by `secret-in-content` / `secret-in-name` whatever the policy says, with a reason that
+names the detector or "a value of a withheld file"; none can be approved; the staging copy, the
+state dir, and every CLI command a person runs (plain and `--json`) never show the raw values."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakesandbox import FakeSandbox, workspace
+
+from airlockd.errors import StateError
+from airlockd.lsp import proposal
+from airlockd.pipeline.classify import WITHHELD_VALUE, Secret, classify
+from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
+from airlockd.policy import Decision, load_policy
+from airlockd.records import FileState, RunRecord
+from airlockd.runs.service import Service
+from airlockd.staging import stagers
+
+WITHHELD = "Zq8-withheld-value-xK31"  # the value of DB_PASSWORD in the workspace's .env
+# Built in pieces so that this file itself holds no detector-format secret.
+KEY_BODY = base64.b64encode(bytes(range(48)) * 4).decode()
+PEM = "-----BEGIN " + "PRIVATE KEY-----\n" + KEY_BODY + "\n-----END " + "PRIVATE KEY-----\n"
+TOKEN = "ghp" + "_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # github-token format
+RAW = (WITHHELD, KEY_BODY, TOKEN)
+
+PERMISSIVE = """
+[[rules]]
+match = ["*", "**/*"]
+action = "auto"
+reason = "this workspace trusts its agent"
+"""
+
+
+def _agent(ws: Path) -> bytes:
+    (ws / "src" / "a.py").write_text(f'A = 1\nPASSWORD = "{WITHHELD}"\n')  # modified: a withheld value
+    (ws / "src" / "notes.txt").write_text("keep this\n" + PEM)  # created: a detector hit
+    (ws / "src" / f"{TOKEN}.txt").write_text("nothing here\n")  # created: a token in the name
+    (ws / "src" / "ok.py").write_text("OK = True\n")  # clean
+    return b"done\n"
+
+
+def _run(svc: Service) -> RunRecord:
+    return svc.execute(svc.submit("bot", "work").id)
+
+
+# -- the invariant, pure ----------------------------------------------------------------------
+
+
+def _file(size: int = 10) -> Entry:
+    return Entry(Kind.FILE, 0o644, size, "ab")
+
+
+@pytest.mark.parametrize(
+    ("secret", "rule", "words"),
+    [
+        (Secret("private-key"), "invariant:secret-in-content", "private-key"),
+        (Secret(WITHHELD_VALUE), "invariant:secret-in-content", "a value of a withheld file"),
+        (Secret("github-token", in_name=True), "invariant:secret-in-name", "the path carries a github-token"),
+    ],
+)
+def test_a_secret_is_denied_above_any_policy_rule(tmp_path: Path, secret: Secret, rule: str, words: str) -> None:
+    (tmp_path / "policies.toml").write_text(PERMISSIVE)
+    policy = load_policy(tmp_path).policy
+    changes = ChangeSet(
+        [Change("src/x.py", ChangeKind.CREATED, None, _file()), Change("src/y.py", ChangeKind.CREATED, None, _file())]
+    )
+    got = classify(changes, policy, (), secrets={"src/x.py": secret})
+    assert (got[0].decision, got[0].rule) == (Decision.DENY, rule)
+    assert words in got[0].reason
+    assert (got[1].decision, got[1].rule) == (Decision.AUTO, "rules[0]")  # the policy still decides the rest
+
+
+def test_a_modified_file_is_denied_even_when_its_base_held_the_value(tmp_path: Path) -> None:
+    (tmp_path / "policies.toml").write_text(PERMISSIVE)
+    policy = load_policy(tmp_path).policy
+    change = Change("config.py", ChangeKind.MODIFIED, _file(5), _file(6))
+    got = classify(ChangeSet([change]), policy, (), secrets={"config.py": Secret(WITHHELD_VALUE)})
+    assert got[0].decision is Decision.DENY and got[0].rule == "invariant:secret-in-content"
+
+
+def test_a_directory_named_with_a_secret_is_denied_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "policies.toml").write_text(PERMISSIVE)
+    policy = load_policy(tmp_path).policy
+    d = Change("keys", ChangeKind.CREATED, None, Entry(Kind.DIR, 0o755))
+    f = Change("keys/a.txt", ChangeKind.CREATED, None, _file())
+    got = classify(ChangeSet([d, f]), policy, (), secrets={"keys": Secret("aws-access-key", in_name=True)})
+    assert [(c.decision, c.rule) for c in got] == [
+        (Decision.DENY, "invariant:secret-in-name"),
+        (Decision.AUTO, "rules[0]"),
+    ]
+
+
+# -- through the service ----------------------------------------------------------------------
+
+
+def test_secrets_in_a_proposal_are_denied_and_never_kept(tmp_path: Path, stager: str) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+    svc = Service(ws, sandbox=FakeSandbox(_agent))
+    rec = _run(svc)
+    by_path = {f.path: f for f in rec.files}
+    a, notes, ok = by_path["src/a.py"], by_path["src/notes.txt"], by_path["src/ok.py"]
+    assert (a.decision, a.rule, a.state) == (Decision.DENY, "invariant:secret-in-content", FileState.DENIED)
+    assert "a value of a withheld file" in a.reason
+    assert (notes.decision, notes.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert "private-key" in notes.reason
+    named = [f for f in rec.files if f.rule == "invariant:secret-in-name"]
+    assert len(named) == 1 and TOKEN not in named[0].path and "github-token" in named[0].reason
+    assert (ok.decision, ok.state) == (Decision.AUTO, FileState.PENDING)
+    # what carries a secret is gone from the staging copy; the rest is still there to land
+    run_dir = svc.state.run_dir(rec.id)
+    assert not stagers.proposed_path(run_dir, "src/notes.txt").exists()
+    assert not stagers.proposed_path(run_dir, f"src/{TOKEN}.txt").exists()
+    assert stagers.proposed_path(run_dir, "src/ok.py").exists()
+    # a deny can never be accepted, by path or with everything pending
+    for path in ("src/a.py", "src/notes.txt"):
+        with pytest.raises(StateError, match="denied by invariant:secret-in-content"):
+            svc.review.approve(rec.id, [path])
+    done = svc.review.approve(rec.id)
+    assert done.applied == ["src/ok.py"]
+    assert (ws / "src" / "a.py").read_text() == "A = 1\n" and not (ws / "src" / "notes.txt").exists()
+    assert not any(TOKEN in p.name for p in ws.rglob("*"))
+    _assert_nowhere(svc.state.root)
+
+
+def test_a_symlink_whose_target_is_a_secret_is_denied_and_masked(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+
+    def agent(staged: Path) -> bytes:
+        os.symlink(f"../{TOKEN}", staged / "src" / "link")
+        return b""
+
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    (link,) = _run(svc).files
+    assert (link.decision, link.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert "github-token" in link.reason
+    _assert_nowhere(svc.state.root)
+
+
+def test_the_cli_shows_the_deny_and_its_reason_never_the_value(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+    svc = Service(ws, sandbox=FakeSandbox(_agent))
+    rec = _run(svc)
+    (tmp_path / "exports").mkdir()
+    export = tmp_path / "exports" / "audit.jsonl"
+    shown = ""
+    for argv in (
+        ["runs"],
+        ["show", rec.id],
+        ["diff", rec.id],
+        ["diff", rec.id, "src/a.py"],
+        ["audit"],
+        ["audit", "--run", rec.id],
+        ["approve", rec.id, "--path", "src/notes.txt"],
+        ["audit", "--export", str(export)],
+    ):
+        for as_json in (False, True):
+            out = _cli(ws, argv, as_json)
+            shown += out
+            for raw in RAW:
+                assert raw not in out, (argv, as_json)
+    assert "invariant:secret-in-content" in shown and "a value of a withheld file" in shown
+    assert "denied by invariant:secret-in-content" in shown  # the refused approval says why
+    _assert_nowhere(export.parent)
+    assert not (ws / "src" / "notes.txt").exists()
+
+
+def test_values_are_learnt_again_at_inspection(tmp_path: Path) -> None:
+    """A process handed no values (a daemon that restarted and knew none), and a withheld file
+    that changed while the agent ran: inspection reads the live workspace's values again."""
+    ws = workspace(tmp_path, PERMISSIVE)
+    fresh = "Nw7-changed-during-the-run-Pq2"
+
+    def agent(staged: Path) -> bytes:
+        (ws / ".env").write_text(f"DB_PASSWORD={fresh}\n")  # the person edits the live .env
+        (staged / "src" / "b.py").write_text(f"B = '{fresh}'\n")
+        return b""
+
+    svc = Service(ws, sandbox=FakeSandbox(agent), known_values=[])
+    assert not svc.redactor.known_in(fresh)
+    rec = _run(svc)
+    (b,) = rec.files
+    assert (b.decision, b.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert fresh not in svc.state.store.read_text()
+
+
+def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:
+    """A change the detectors of the policy let through (a JWT: its detector is not in the
+    default `withhold.detectors`) still reaches the editor masked, in hunks and in the edit."""
+    ws = workspace(tmp_path, PERMISSIVE)
+    (ws / "src" / "a.py").write_text("".join(f"line {i}\n" for i in range(10)))
+    jwt = (
+        "eyJ"
+        + "hbGciOiJIUzI1NiJ9"
+        + ".eyJ"
+        + "zdWIiOiIxMjM0NTY3ODkwIn0"
+        + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+    )
+
+    def agent(staged: Path) -> bytes:
+        (staged / "src" / "a.py").write_text("".join(f"line {i}\n" for i in range(10)) + f"T = '{jwt}'\n")
+        (staged / "src" / "new.py").write_text(f"T = '{jwt}'\n")
+        return b""
+
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    rec = _run(svc)
+    assert {f.path: f.decision for f in rec.files} == {"src/a.py": Decision.AUTO, "src/new.py": Decision.AUTO}
+    support = proposal.EditSupport(True, frozenset({"create", "delete"}), True)
+    wire = json.dumps(proposal.build(svc.content, rec, ws, support))
+    assert jwt not in wire and "[REDACTED]" in wire
+    assert jwt not in svc.content.diff(rec.id)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _cli(ws: Path, argv: list[str], as_json: bool) -> str:
+    head = [sys.executable, "-m", "airlockd", "--workspace", str(ws), "--no-daemon"] + ["--json"] * as_json
+    proc = subprocess.run([*head, *argv], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    return proc.stdout + proc.stderr
+
+
+def _assert_nowhere(root: Path) -> None:
+    """None of the raw secrets in any file under `root` (gzip members decompressed)."""
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        for raw in RAW:
+            assert raw.encode() not in data, path
+        assert TOKEN not in str(path), path
+
+
+def test_plain_output_of_a_process_acting_alone_is_masked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last net under plain text, as `--json` has one: once a command has built the service
+    (and learnt the withheld values), whatever it prints passes the redactor."""
+    from airlockd.cli.decide import MaskedText, mask_output
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test, wrapper and all
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    svc = Service(workspace(tmp_path))
+    assert svc.redactor.known_in(WITHHELD)
+    mask_output()
+    mask_output()  # once
+    assert isinstance(sys.stdout, MaskedText) and not isinstance(sys.stdout.raw, MaskedText)
+    print(f"a line with {WITHHELD} and {TOKEN}")
+    print(f"and on stderr {WITHHELD}", file=sys.stderr)
+    got = capsys.readouterr()
+    assert WITHHELD not in got.out + got.err and TOKEN not in got.out
+    assert got.out.count("[REDACTED]") == 2 and "[REDACTED]" in got.err

@@ -174,6 +174,8 @@ class _Classifier:
         cap = self.policy.defaults.max_file_bytes
         if after is not None and after.kind is Kind.FILE and after.size > cap:
             return _deny("size-cap", f"{after.size} bytes is over the policy's cap of {cap}")
+        if after is not None and after.kind is Kind.FILE and after.sha256 is None:
+            return _deny("sparse-file", "a sparse file (mostly holes) is never read, so never committed")
         return None
 
     def rule(self, c: Change) -> _Verdict:

@@ -33,3 +33,15 @@ def test_a_huge_sparse_file_costs_a_stat_not_a_read(tmp_path: Path) -> None:
         assert huge.size == 1 << 40 and huge.sha256 is None
         assert m["real.txt"].sha256 is not None and m["holey-but-small.bin"].sha256 is not None
     assert os.stat(root / "sub" / "huge.bin").st_blocks * 512 < 1 << 20
+
+
+def test_a_sparse_file_is_denied_whatever_the_rules_say(tmp_path: Path) -> None:
+    from airlockd.pipeline.classify import classify
+    from airlockd.pipeline.manifest import Change, ChangeKind, Entry, Kind
+    from airlockd.policy import Decision, load_policy
+
+    (tmp_path / "policies.toml").write_text('[[rules]]\nmatch = ["*"]\naction = "auto"\nreason = "all"\n')
+    policy = load_policy(tmp_path).policy
+    sparse = Change("data.bin", ChangeKind.CREATED, None, Entry(Kind.FILE, 0o644, 3 << 20, None))
+    (c,) = classify([sparse], policy, ())
+    assert (c.decision, c.rule) == (Decision.DENY, "invariant:sparse-file")

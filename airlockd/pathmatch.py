@@ -30,7 +30,7 @@ def _regex(pattern: object, text: str, anywhere: bool) -> re.Pattern[str] | None
     if anywhere and not text.lstrip().startswith("/") and src.startswith("^") and not src.startswith(_ANY_DEPTH):
         src = _ANY_DEPTH + src[1:]
     # pathspec names a group in every pattern; one regex cannot repeat a name.
-    return re.compile(re.sub(r"\(\?P<\w+>", "(?:", src), re.IGNORECASE)
+    return re.compile(re.sub(r"\(\?P<\w+>", "(?:", src), re.IGNORECASE | re.DOTALL)
 
 
 class AnyPattern:
@@ -50,7 +50,7 @@ class AnyPattern:
                     raise RuntimeError(f"cannot compile the pattern {text!r} (pathspec {pathspec.__version__})")
                 self.patterns.append((text, rx))
         joined = "|".join(f"(?:{rx.pattern})" for _, rx in self.patterns)
-        self.regex = re.compile(joined or "(?!)", re.IGNORECASE)
+        self.regex = re.compile(joined or "(?!)", re.IGNORECASE | re.DOTALL)
 
     def __bool__(self) -> bool:
         return bool(self.patterns)

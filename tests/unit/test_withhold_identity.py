@@ -370,3 +370,15 @@ def test_random_trees_never_stage_a_withheld_value(
     assert (out / "src/main.py").exists()
     assert json.dumps([w.path for w in res.withheld])  # records are plain strings
     shutil.rmtree(root)
+
+
+def test_a_newline_in_a_folder_name_does_not_unwithhold_what_is_below_it(tmp_path: Path) -> None:
+    from airlockd.policy import Level, load_policy
+    from airlockd.staging.copy import stage
+
+    ws = tmp_path / "ws"
+    (ws / "a\nb").mkdir(parents=True)
+    (ws / "a\nb" / ".env").write_text("DB_PASSWORD=hunter2-newline-zz\n")
+    result = stage(ws, tmp_path / "out", load_policy(ws).policy, Level.INTERNAL)
+    assert "a\nb/.env" in {w.path for w in result.withheld}
+    assert not (tmp_path / "out" / "a\nb" / ".env").exists()

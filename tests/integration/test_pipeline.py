@@ -102,7 +102,7 @@ def test_run_approve_undo(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
 
     code, out = cli(ws, "audit", "--verify", capsys=capsys)
-    assert code == 0 and out == {"ok": True, "events": out["events"]}  # type: ignore[index]
+    assert code == 0 and out["ok"] is True and out["events"] > 0  # type: ignore[index]
 
 
 def test_partial_approve_and_reject(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,17 +196,12 @@ def test_values_are_learnt_again_at_inspection(tmp_path: Path) -> None:
 
 
 def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:
-    """A change the detectors of the policy let through (a JWT: its detector is not in the
-    default `withhold.detectors`) still reaches the editor masked, in hunks and in the edit."""
+    """A change the detectors of the policy let through (a bearer token: its detector masks output
+    but is not in the default `withhold.detectors`) still reaches the editor masked, in hunks and
+    in the edit."""
     ws = workspace(tmp_path, PERMISSIVE)
     (ws / "src" / "a.py").write_text("".join(f"line {i}\n" for i in range(10)))
-    jwt = (
-        "eyJ"
-        + "hbGciOiJIUzI1NiJ9"
-        + ".eyJ"
-        + "zdWIiOiIxMjM0NTY3ODkwIn0"
-        + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
-    )
+    jwt = "Bearer " + "q8ZrT5vLx2Wm" + "9KpN3aHdY7cB"
 
     def agent(staged: Path) -> bytes:
         (staged / "src" / "a.py").write_text("".join(f"line {i}\n" for i in range(10)) + f"T = '{jwt}'\n")
@@ -218,8 +213,8 @@ def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:
     assert {f.path: f.decision for f in rec.files} == {"src/a.py": Decision.AUTO, "src/new.py": Decision.AUTO}
     support = proposal.EditSupport(True, frozenset({"create", "delete"}), True)
     wire = json.dumps(proposal.build(svc.content, rec, ws, support))
-    assert jwt not in wire and "[REDACTED]" in wire
-    assert jwt not in svc.content.diff(rec.id)
+    assert jwt[7:] not in wire and "[REDACTED]" in wire
+    assert jwt[7:] not in svc.content.diff(rec.id)
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ file under the state directory (names and bytes), and every CLI stdout / stderr,
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import string
 import subprocess
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import end_daemons
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,9 +51,23 @@ TOKENS = st.one_of(
     _s(ALNUM, 36).map(lambda s: "ghp_" + s),
     _s(ALNUM, 24).map(lambda s: "glpat-" + s),
     _s(ALNUM, 32).map(lambda s: "sk-ant-" + s),
-    st.tuples(_s(ALNUM, 12), _s(ALNUM, 16), _s(ALNUM, 20)).map(lambda t: f"eyJ{t[0]}.eyJ{t[1]}.{t[2]}"),
+    st.builds(
+        lambda alg, sub, iat, sig: (
+            f"{_b64url({'alg': alg, 'typ': 'JWT'})}.{_b64url({'sub': sub, 'iat': iat})}."
+            + base64.urlsafe_b64encode(sig).rstrip(b"=").decode()
+        ),
+        st.sampled_from(["HS256", "RS256", "ES256"]),
+        _s(ALNUM, 10),
+        st.integers(1_600_000_000, 1_900_000_000),
+        st.binary(min_size=32, max_size=32),
+    ),
 )
 RANDOM = _s(ALNUM, 24).filter(lambda s: shannon_entropy(s) >= 3.5)
+
+
+def _b64url(obj: object) -> str:
+    """A JWT part as an issuer writes one: base64url of compact JSON, unpadded."""
+    return base64.urlsafe_b64encode(json.dumps(obj, separators=(",", ":")).encode()).rstrip(b"=").decode()
 
 
 def _cli(ws: Path, outputs: list[str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -59,7 +76,7 @@ def _cli(ws: Path, outputs: list[str], *argv: str, timeout: float = 120) -> subp
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ),
+        env={**os.environ, "AIRLOCK_STATE_DIR": str(ws.parent / "state")},
     )
     outputs += [proc.stdout, proc.stderr]
     return proc
@@ -80,10 +97,19 @@ def _split(secret: str) -> str:
 def test_planted_secrets_never_reach_anything_airlockd_wrote(
     _state_dir: Path, token: str, assigned: str, env_value: str, env_token: str
 ) -> None:
-    import json
+    # each example has its own workspace and state root (beside it), so one example's leftovers
+    # are never blamed on the next
+    root = Path(tempfile.mkdtemp(prefix="redact-", dir=_state_dir))
+    try:
+        _plant_and_search(root, token, assigned, env_value, env_token)
+    finally:
+        end_daemons(root / "state")
 
+
+def _plant_and_search(root: Path, token: str, assigned: str, env_value: str, env_token: str) -> None:
+    state_dir = root / "state"
     secrets = {"token": token, "assigned": assigned, "env_value": env_value, "env_token": env_token}
-    ws = Path(tempfile.mkdtemp(prefix="redact-")) / "project"
+    ws = root / "project"
     ws.mkdir()
     (ws / "policies.toml").write_text(AGENT)
     (ws / "app.py").write_text("print('hi')\n")
@@ -103,7 +129,7 @@ def test_planted_secrets_never_reach_anything_airlockd_wrote(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads(proc.stdout)
     assert run["state"] == "proposed" and [w["path"] for w in run["withheld"]] == [".env"]
-    log = (_state_dir.glob(f"*/runs/{run['id']}/output.log")).__next__().read_text()
+    log = (state_dir.glob(f"*/runs/{run['id']}/output.log")).__next__().read_text()
     assert log.count("[REDACTED]") >= 8  # every echo was there, masked
     for argv in (["show", run["id"]], ["audit"], ["audit", "--verify"], ["diff", run["id"]]):
         assert _cli(ws, out, "--json", *argv).returncode == 0
@@ -125,7 +151,7 @@ def test_planted_secrets_never_reach_anything_airlockd_wrote(
     assert state in ("applied", "rejected", "proposed"), state
     assert _cli(ws, out, "audit", "--verify").returncode == 0
 
-    written = [p for p in _state_dir.rglob("*")]
+    written = [p for p in state_dir.rglob("*")]
     for name, secret in secrets.items():
         for p in written:
             assert secret not in str(p), (name, p)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import end_daemons
+from daemons import end_daemons
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -271,6 +271,7 @@ class FileChange(Wire):
     state: FileState
     binary: bool
     hunks: list[Hunk]
+    marks: list[str] = []  # what the reviewer must know before trusting how it looks (escaped names)
 
 
 class DeniedChange(Wire):
@@ -280,6 +281,7 @@ class DeniedChange(Wire):
     change: ChangeKind
     rule: str
     reason: str
+    marks: list[str] = []
 
 
 class Proposal(Wire):

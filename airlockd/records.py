@@ -110,6 +110,9 @@ class FileReview(_Record):
     hunks: dict[str, str] = Field(default_factory=dict)
     partial: dict[str, Any] | None = None
     conflict: ConflictCause | None = None  # while the change is conflicted: why
+    # What the reviewer must know before trusting how the change looks (names.marks, and what
+    # hides in the proposed text): shown beside the path by the CLI and the editors.
+    marks: list[str] = Field(default_factory=list)
 
     @property
     def base(self) -> dict[str, Any] | None:

@@ -416,6 +416,9 @@ def _emit(result: Any, as_json: bool) -> int:
 _ROUTED = frozenset({"run", "approve", "reject", "undo", "stop", "kill", "release"})
 
 
+# Commands whose output is a protocol or our own styling, not agent-written text for a person.
+_RAW_OUTPUT = frozenset({"serve", "_execute", "demo"})
+
 _COMMANDS = frozenset(
     [
         "run",
@@ -467,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.workspace = getattr(args, "workspace", None) or os.getcwd()
     args.json = getattr(args, "json", False)
     args.no_daemon = getattr(args, "no_daemon", False)
+    if not args.json and args.command not in _RAW_OUTPUT:
+        from airlockd.cli.streams import escape_output
+
+        escape_output()  # a person reads this: nothing an agent wrote may act on the terminal
     if args.command not in _ROUTED:  # those log only once they act alone (`_service`)
         log_to_stderr(args)
     try:

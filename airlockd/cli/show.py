@@ -46,5 +46,7 @@ def print_run(doc: dict[str, Any]) -> None:
                 f"    {f['decision']:6} {f['state']:10} {f['change']:12} {display(f['path'])}"
                 f"   [{f['rule']}: {f['reason']}]"
             )
+            for mark in f.get("marks") or []:
+                print(f"           ! {mark}")
     elif doc["state"] in ("proposed", "applied", "rejected"):
         print("  no changes")

@@ -107,6 +107,7 @@ def _file_change(f: FileReview, binary: bool, hunk_list: list[protocol.Hunk]) ->
         state=f.state,
         binary=binary,
         hunks=hunk_list,
+        marks=f.marks,
     )
 
 
@@ -119,7 +120,11 @@ def build(content: ProposalContent, rec: RunRecord, workspace: Path, support: Ed
     used: set[str] = set()
     for f in rec.files:
         if f.state is FileState.DENIED:
-            denied.append(protocol.DeniedChange(path=f.path, change=ChangeKind(f.change), rule=f.rule, reason=f.reason))
+            denied.append(
+                protocol.DeniedChange(
+                    path=f.path, change=ChangeKind(f.change), rule=f.rule, reason=f.reason, marks=f.marks
+                )
+            )
             continue
         uri = from_fs_path(str(workspace / f.path)) or ""
         base, new = content.contents(rec, f) if f.kind == Kind.FILE.value else (None, None)

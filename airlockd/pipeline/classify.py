@@ -20,6 +20,11 @@ its base held the same value: the base was staged, so no detector fired on it, a
 value that also sits in a staged file is still one the redactor masks wherever it is shown, so
 the change could not be reviewed as it is.
 
+What a reviewer might misread is at least `review`: a name with look-alike letters
+(`sеtup.py`, Cyrillic е: `confusable-name`), proposed text holding terminal escapes,
+bidirectional controls or line-overwriting returns (`hidden-characters`), and a created file or
+directory that group or others may write (`writable-by-others`).
+
 Directories: a created or deleted directory follows the changes inside it (the strictest of
 them), so `mkdir src/pkg` + `src/pkg/a.py` is as `auto` as the file; an empty one goes through
 the rules like a file (patterns see `path/`). Mode changes and type changes are at least
@@ -33,7 +38,7 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from airlockd.names import display
+from airlockd.names import confusable, display
 from airlockd.pathmatch import AnyPattern
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import POLICY_FILE, Decision, Policy
@@ -96,6 +101,10 @@ def _secret_verdict(secret: Secret | None) -> _Verdict | None:
     return _deny(rule, f"{secret.describe()}; a change carrying a secret never lands")
 
 
+def _hidden_verdict(what: str) -> _Verdict:
+    return _review("hidden-characters", f"the proposed text holds {what}, which can hide what a reviewer sees")
+
+
 def _name_problem(path: str) -> _Verdict | None:
     if not path or path.startswith("/"):
         return _deny("unsafe-name", "absolute or empty path")
@@ -135,6 +144,22 @@ class _Classifier:
             floor = _stricter(
                 floor,
                 _review("case-collision", f"differs only by case from {display(twins[0])!r}"),
+            )
+        look = confusable(c.path)
+        if look is not None:
+            floor = _stricter(floor, _review("confusable-name", f"look-alike name: {look}"))
+        after = c.after
+        if (
+            c.change is ChangeKind.CREATED
+            and after is not None
+            and after.kind in (Kind.FILE, Kind.DIR)
+            and after.mode & 0o022
+        ):
+            floor = _stricter(
+                floor,
+                _review(
+                    "writable-by-others", f"created with mode {after.mode & 0o7777:04o}: group or others may write it"
+                ),
             )
         if c.change is ChangeKind.MODE_CHANGED:
             floor = _stricter(floor, _review("mode-change", "permission changes are reviewed"))
@@ -214,15 +239,19 @@ def classify(
     *,
     base: Collection[str] = (),
     secrets: Mapping[str, Secret] | None = None,
+    hidden: Mapping[str, str] | None = None,
 ) -> list[Classified]:
     """Exactly one decision per change, in the order of `changes`; deterministic for a given
     policy, change set, withheld set, base and secrets.
 
     `withheld` are the paths staging kept out (a directory covers everything under it); `base`,
     when given, the paths of the staged tree, for case collisions with untouched files;
-    `secrets`, the secret the caller found in a change (path -> Secret), each one `deny`. Never
+    `secrets`, the secret the caller found in a change (path -> Secret), each one `deny`;
+    `hidden`, what the caller found hiding in a change's proposed text (path -> what: a terminal
+    escape, a bidirectional control), each at least `review`. Never
     reads the filesystem; never lets a policy rule lower an invariant's floor."""
     secrets = secrets or {}
+    hidden = hidden or {}
     todo = list(changes)
     judge = _Classifier(policy, withheld, [*base, *(c.path for c in todo)])
     verdicts: dict[str, _Verdict] = {}
@@ -230,6 +259,8 @@ def classify(
     # Deepest first, so a directory that follows its contents sees their verdicts.
     for c in sorted(todo, key=lambda c: c.path.count("/"), reverse=True):
         floor = _secret_verdict(secrets.get(c.path)) or judge.invariants(c)
+        if c.path in hidden and (floor is None or floor.decision is not Decision.DENY):
+            floor = _stricter(floor, _hidden_verdict(hidden[c.path]))
         inner = inside.get(c.path, []) if _follows_contents(c) else []
         if floor is not None and floor.decision is Decision.DENY:
             verdict = floor

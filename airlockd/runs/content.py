@@ -7,6 +7,7 @@ diff) has passed the run's redactor."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterable
@@ -192,6 +193,57 @@ def scan_file(path: Path, scanner: SecretScanner, redactor: Redactor) -> str | N
                 return hit
             tail = window[-overlap:]
         return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+# What in a text file acts on a terminal or reorders what a person reads (UTF-8 bytes): ESC
+# (ANSI and OSC sequences: concealed text, cursor moves, clipboard writes), the C1 CSI/OSC
+# introducers, backspace and a carriage return that is not a line end (both overwrite what was
+# shown), and bidirectional controls ("Trojan source").
+_HIDDEN_BYTES = (
+    ("a terminal escape (ESC)", re.compile(rb"\x1b")),
+    ("a C1 control character", re.compile(rb"\xc2[\x80-\x9f]")),
+    ("a bidirectional control character", re.compile(rb"\xd8\x9c|\xe2\x80[\x8e\x8f\xaa-\xae]|\xe2\x81[\xa6-\xa9]")),
+    ("a backspace or a carriage return that overwrites a line", re.compile(rb"\x08|\r(?!\n)")),
+)
+
+
+def hidden_in(run_dir: Path, changes: Iterable[Change], *, max_bytes: int) -> dict[str, str]:
+    """path -> what hides in the proposed text of each created or modified regular file (the
+    first kind found, by `_HIDDEN_BYTES`); binary files (shown as binary, never as text) and
+    files over `max_bytes` (denied by the size cap) are not read. Reads each file once, through
+    a descriptor that never follows a link."""
+    found: dict[str, str] = {}
+    for c in changes:
+        after = c.after
+        if after is None or after.kind is not Kind.FILE or after.sha256 is None or after.size > max_bytes:
+            continue
+        data = _read_regular(proposed_path(run_dir, c.path), max_bytes)
+        if data is None or is_binary(data):
+            continue
+        for what, pattern in _HIDDEN_BYTES:
+            if pattern.search(data):
+                found[c.path] = what
+                break
+    return found
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        parts, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(CHUNK, left))):
+            parts.append(chunk)
+            left -= len(chunk)
+        return b"".join(parts)
     except OSError:
         return None
     finally:

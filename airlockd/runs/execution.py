@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airlockd import names
 from airlockd.agents import wiring as agent_wiring
 from airlockd.errors import EngineError
 from airlockd.evidence.document import live_tree
@@ -24,7 +25,7 @@ from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
-from airlockd.runs.content import find_secrets_in
+from airlockd.runs.content import find_secrets_in, hidden_in
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import StageRequest
@@ -365,9 +366,12 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     changes = stager.inspect(run_dir, base)  # from the upper layer, or a full rescan
     withheld = {w["path"] for w in rec.withheld}
     secrets = carried_secrets(svc, rec, changes)
+    hidden = hidden_in(
+        run_dir, (c for c in changes if c.path not in secrets), max_bytes=svc.policy.defaults.max_file_bytes
+    )
     files = []
     twins = base.twins([c.path for c in changes])
-    for c in classify(changes, svc.policy, withheld, base=twins, secrets=secrets):
+    for c in classify(changes, svc.policy, withheld, base=twins, secrets=secrets, hidden=hidden):
         state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
         files.append(
             FileReview(
@@ -379,6 +383,7 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 state=state,
                 before=c.change.before.to_json() if c.change.before else None,
                 after=_stored_entry(svc, c.change.after, c.change.path in secrets),
+                marks=_marks(svc, c.change.path, hidden.get(c.change.path)),
             )
         )
         svc.audit.append(
@@ -439,6 +444,14 @@ def _stored_entry(svc: Service, entry: Entry | None, secret: bool) -> dict[str, 
         return None
     doc = entry.to_json()
     return dict(svc.redactor.value(doc)) if secret else doc
+
+
+def _marks(svc: Service, path: str, hidden: str | None) -> list[str]:
+    """What a reviewer is told beside the path (names.marks, and what hides in its text)."""
+    out = [svc.redactor.text(m) for m in names.marks(path)]
+    if hidden is not None:
+        out.append(f"the proposed text holds {hidden}: shown escaped, never as a terminal would act on it")
+    return out
 
 
 def drop_secrets(run_dir: Path, secrets: Mapping[str, Secret]) -> None:

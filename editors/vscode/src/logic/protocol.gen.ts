@@ -173,6 +173,7 @@ export interface FileChange {
   state: FileState;
   binary: boolean;
   hunks: Hunk[];
+  marks?: string[];
 }
 /**
  * One hunk of a modified text file; `range` is where it is in the live file now.
@@ -194,6 +195,7 @@ export interface DeniedChange {
   change: ChangeKind;
   rule: string;
   reason: string;
+  marks?: string[];
 }
 /**
  * `airlock.runTask`, `stopRun`, `killRun`, `reject`, `undo`.

@@ -1,0 +1,44 @@
+"""The CLI's human-readable output: every character a terminal would act on is written as an
+escape (`names.escape`), so a file name, a diff line or an agent's reason cannot hide a line,
+move the cursor or write the reviewer's clipboard. `--json` output needs none of it: `json.dumps`
+writes every control and non-ASCII character as a `\\u` escape."""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import TextIO
+
+
+class EscapedText(io.TextIOBase):
+    """A text stream whose every write is `names.escape`d (newlines and tabs kept)."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, s: str) -> int:
+        from airlockd.names import escape
+
+        self.raw.write(escape(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.raw.encoding
+
+
+def escape_output() -> None:
+    """Escape what this process prints on stdout and stderr from now on (once)."""
+    if not isinstance(sys.stdout, EscapedText):
+        sys.stdout = EscapedText(sys.stdout)
+    if not isinstance(sys.stderr, EscapedText):
+        sys.stderr = EscapedText(sys.stderr)

@@ -109,6 +109,10 @@ class Limits(_Model):
     tmpfs_mb: int = Field(256, ge=1)
     workspace_growth_mb: int = Field(512, ge=1)
     grace_s: float = Field(10, ge=0, le=600)
+    # what inspection reads of the agent's change set before it stops (staging/bounds.py)
+    changed_files: int = Field(10_000, ge=1)  # entries created or modified, directories included
+    change_depth: int = Field(100, ge=2)  # path components of a path the base does not have
+    changed_mb: int = Field(1024, ge=1)  # bytes of changed files, by allocated blocks
 
     @field_validator("cpus")
     @classmethod

@@ -22,13 +22,14 @@ from airlockd.gateway import runs as gateway_runs
 from airlockd.pipeline.classify import Secret, classify
 from airlockd.pipeline.manifest import Change, Entry
 from airlockd.policy import Decision, Mode
-from airlockd.records import FileReview, FileState, RunRecord, RunState
+from airlockd.records import FileReview, FileState, LimitHit, RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
 from airlockd.runs.content import find_secrets_in, hidden_in
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import StageRequest
+from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
 from airlockd.staging.copy import StageResult, Withheld
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
 from airlockd.staging.withheld import learn as learn_withheld
@@ -363,7 +364,10 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     run_dir = svc.state.run_dir(rec.id)
     stager = stagers.for_run(run_dir)
     base = stager.base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
-    changes = stager.inspect(run_dir, base)  # from the upper layer, or a full rescan
+    try:  # from the upper layer, or a full rescan; stopped at the policy's bounds
+        changes = stager.inspect(run_dir, base, ChangeBounds.of(svc.policy.agent(rec.agent).limits))
+    except ChangeSetTooLarge as over:
+        return _too_large(svc, rec, over)
     withheld = {w["path"] for w in rec.withheld}
     secrets = carried_secrets(svc, rec, changes)
     hidden = hidden_in(
@@ -419,6 +423,22 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         if auto:
             rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
     return svc.lifecycle.settle(rec.id)
+
+
+def _too_large(svc: Service, rec: RunRecord, over: ChangeSetTooLarge) -> RunRecord:
+    """A change set over a bound: a limit violation, recorded like the container's (audit,
+    quarantine count); nothing of it is proposed, and the staging is kept for inspection."""
+    hit = LimitHit(
+        limit=over.limit,
+        measured=over.measured,
+        allowed=over.allowed,
+        source="inspection of the staging copy, stopped at the bound",
+    )
+    svc.audit.append("limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump())
+    rec = svc.lifecycle.transition(rec, RunState.LIMIT_EXCEEDED, f"{hit.limit}: {over!s}", limit=hit)
+    count_violation(svc, rec)
+    svc.keep_for_inspection(rec)
+    return rec
 
 
 def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> dict[str, Secret]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from airlockd.pipeline.manifest import ChangeSet, Entry
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.bounds import ChangeBounds
 from airlockd.staging.copy import StageResult
 
 if TYPE_CHECKING:
@@ -109,8 +110,9 @@ class Stager(Protocol):
         """The run's base, asked only about the paths that matter."""
         ...
 
-    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
-        """What the agent changed, computed from the staging itself."""
+    def inspect(self, run_dir: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
+        """What the agent changed, computed from the staging itself; with `bounds`, stopped by
+        `bounds.ChangeSetTooLarge` at the first entry over them."""
         ...
 
     def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:

@@ -26,6 +26,7 @@ from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging.archives import MIN_IDENTITY as MIN_SOLID
 from airlockd.staging.archives import ArchiveScan, ArchiveScanner, sniff
+from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
 from airlockd.staging.gitcopy import is_git_entry
@@ -644,7 +645,7 @@ def stage(
     return stager.result
 
 
-def scan_tree(root: Path) -> Manifest:
+def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
     """Manifest of everything under `root`, every hash computed now from the bytes on disk.
 
     Never follows a symlink and never opens a fifo or device. A node that vanishes during the scan
@@ -656,7 +657,10 @@ def scan_tree(root: Path) -> Manifest:
         try:
             for fd, rel, de in walk_fds(root_fd):
                 try:
-                    out[rel] = entry_at(fd, de.name, de.stat(follow_symlinks=False))
+                    st = de.stat(follow_symlinks=False)
+                    if tally is not None:
+                        tally.count(rel, st)
+                    out[rel] = entry_at(fd, de.name, st)
                 except FileNotFoundError:
                     continue
         finally:
@@ -669,9 +673,14 @@ def scan_tree(root: Path) -> Manifest:
     return out
 
 
-def inspect(staging: Path, base: Manifest) -> ChangeSet:
+def inspect(staging: Path, base: Manifest, bounds: ChangeBounds | None = None) -> ChangeSet:
     """The changes from `base` to what is on disk in `staging` now.
 
     Rescans and rehashes the whole copy; never trusts a hash, a list of changes or anything else
-    the agent says."""
-    return diff(base, scan_tree(staging))
+    the agent says. With `bounds`, the agent's allowance is counted on top of the base's own
+    entries and bytes (staging/bounds.py)."""
+    tally = None
+    if bounds is not None:
+        base_bytes = sum(e.size for e in base.values() if e.kind is Kind.FILE)
+        tally = Tally(bounds, base.__contains__, base_entries=len(base), base_bytes=base_bytes)
+    return diff(base, scan_tree(staging, tally))

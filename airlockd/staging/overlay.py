@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Manifest, diff
+from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.copy import StagingError
 from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
 
@@ -56,9 +57,10 @@ def _opaque(dir_fd: int, name: str) -> bool:
         os.close(fd)
 
 
-def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
+def scan_upper(upper: Path, tally: Tally | None = None) -> tuple[Manifest, list[str], list[str]]:
     """(entries of every non-whiteout node, whiteout paths, opaque directory paths) of an upper
-    layer, hashing each file it holds through an fd opened without following links."""
+    layer, hashing each file it holds through an fd opened without following links; each node
+    counted by `tally` first (which stops the walk at a bound)."""
     after: Manifest = {}
     whiteouts: list[str] = []
     opaque: list[str] = []
@@ -68,6 +70,8 @@ def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
             for fd, rel, de in walk_fds(root_fd):
                 try:
                     st = de.stat(follow_symlinks=False)
+                    if tally is not None:
+                        tally.count(rel, st)
                     if is_whiteout(st):
                         whiteouts.append(rel)
                         continue
@@ -86,7 +90,7 @@ def scan_upper(upper: Path) -> tuple[Manifest, list[str], list[str]]:
     return after, whiteouts, opaque
 
 
-def inspect_upper(upper: Path, base: Base) -> ChangeSet:
+def inspect_upper(upper: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
     """The changes from `base` (what the lower layer shows: `runbase.LowerBase`, or a manifest's
     `runbase.ManifestBase`) that the upper layer `upper` makes.
 
@@ -94,7 +98,8 @@ def inspect_upper(upper: Path, base: Base) -> ChangeSet:
     paths the upper layer touches (and, below a whiteout, an opaque directory or a non-directory
     over a lower directory, what it hides); the result equals `diff(base, merged)` for the merged
     view (a file written back identical, or only touched, is no change)."""
-    after, whiteouts, opaque = scan_upper(upper)
+    tally = None if bounds is None else Tally(bounds, lambda rel: base.get(rel) is not None)
+    after, whiteouts, opaque = scan_upper(upper, tally)
     touched = set(after)
     for rel in whiteouts:
         touched.add(rel)

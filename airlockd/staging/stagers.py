@@ -30,6 +30,7 @@ from pathlib import Path
 from airlockd.pipeline.manifest import ChangeSet, Kind, Manifest, load_manifest, save_manifest
 from airlockd.staging import capfs, gitcopy, overlay
 from airlockd.staging.base import Base, Staged, Stager, StageRequest
+from airlockd.staging.bounds import ChangeBounds
 from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import Mirror, MirrorView
@@ -198,9 +199,9 @@ class OverlayStager:
         """The lower layer itself (never `base.json`, which an overlay run need not have)."""
         return LowerBase(self._lower(run_dir), hidden_paths(run_dir))
 
-    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
+    def inspect(self, run_dir: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
         """From the upper layer alone."""
-        return overlay.inspect_upper(self.staged_root(run_dir), base)
+        return overlay.inspect_upper(self.staged_root(run_dir), base, bounds)
 
     def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
         """The run's overlay is gone: drop its reference to the mirror generation."""
@@ -249,11 +250,11 @@ class CopyStager:
         """The manifest saved when the run was staged."""
         return ManifestBase(load_manifest(run_dir / "base.json"))
 
-    def inspect(self, run_dir: Path, base: Base) -> ChangeSet:
+    def inspect(self, run_dir: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
         """A full rescan of the copy against its manifest."""
         if not isinstance(base, ManifestBase):
             raise TypeError("a copy run is inspected against its manifest (a ManifestBase)")
-        return inspect(self.staged_root(run_dir), base.manifest)
+        return inspect(self.staged_root(run_dir), base.manifest, bounds)
 
     def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:
         """Nothing outside the run's folder to let go of."""

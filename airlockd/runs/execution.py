@@ -333,8 +333,7 @@ def ending(svc: Service, rec: RunRecord, info: ExitInfo) -> RunRecord | None:
         )
         count_violation(svc, rec)
         return rec
-    svc.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
-    return None
+    return None  # the streak of violations ends once the change set passed inspection too
 
 
 def count_violation(svc: Service, rec: RunRecord) -> None:
@@ -414,6 +413,7 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 why="the live file changed between staging and inspection",
             )
     rec = svc.store.update_run(rec.id, lambda r: setattr(r, "files", files))
+    svc.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
     summary = f"{len(files)} changes: " + ", ".join(
         f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
     )

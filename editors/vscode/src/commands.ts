@@ -3,6 +3,7 @@
 
 import * as vscode from "vscode";
 
+import { display, displayAll, escape, markLines, pathLabel } from "./logic/escape";
 import type { AgentInfo, ApproveResult, Decision, Evidence, Proposal, KnownRun, RunResult, RunSummary } from "./logic/protocol";
 import { ErrorCode, isLive } from "./logic/protocol";
 import {
@@ -48,11 +49,11 @@ interface FileArg {
 export function describeError(err: unknown): string {
   const e = err as { code?: number; message?: string; data?: { paths?: string[]; reason?: string } };
   if (e?.code === ErrorCode.conflict) {
-    const paths = e.data?.paths?.join(", ") ?? "";
+    const paths = displayAll(e.data?.paths ?? []);
     return `airlock: nothing was written — ${paths} changed since the run (unsaved or edited). Save or revert, then start a new run.`;
   }
-  if (e?.code === ErrorCode.admission) return `airlock: run refused: ${e.data?.reason ?? e.message}`;
-  return `airlock: ${e?.message ?? String(err)}`;
+  if (e?.code === ErrorCode.admission) return `airlock: run refused: ${display(e.data?.reason ?? e.message ?? "")}`;
+  return `airlock: ${escape(e?.message ?? String(err))}`;
 }
 
 export class Commands {
@@ -114,7 +115,7 @@ export class Commands {
           label: a.agent,
           description: [a.adapter, a.mode].filter(Boolean).join(" · "),
           detail: a.quarantined
-            ? `$(error) quarantined: ${a.reason ?? "limit violations"}`
+            ? `$(error) quarantined: ${display(a.reason ?? "limit violations")}`
             : `${a.runsUsed} runs, ${a.tokensUsed} tokens used`,
         })),
         { title: "Airlock: Run Agent Task", placeHolder: "Which agent?" },
@@ -169,7 +170,7 @@ export class Commands {
       runs.map((r) => ({
         label: r.runId,
         description: `${r.agent} · ${r.state}`,
-        detail: r.prompt,
+        detail: display(r.prompt),
         run: r,
       })),
       { placeHolder },
@@ -196,7 +197,7 @@ export class Commands {
         return;
       }
       const pick = await vscode.window.showQuickPick(
-        benched.map((a) => ({ label: a.agent, detail: a.reason ?? "", agent: a })),
+        benched.map((a) => ({ label: a.agent, detail: display(a.reason ?? ""), agent: a })),
         { placeHolder: "Release which agent from quarantine?" },
       );
       chosen = pick?.agent;
@@ -204,7 +205,7 @@ export class Commands {
     if (!chosen) return;
     const ok = await vscode.window.showWarningMessage(
       `Release agent "${chosen.agent}" from quarantine?`,
-      { modal: true, detail: `It was quarantined for: ${chosen.reason ?? "repeated limit violations"}.` },
+      { modal: true, detail: `It was quarantined for: ${display(chosen.reason ?? "repeated limit violations")}.` },
       "Release",
     );
     if (ok !== "Release") return;
@@ -280,7 +281,12 @@ export class Commands {
     }
     if (!target) {
       const items = this.d.state.open().flatMap((p) =>
-        pendingFiles(p).map((f) => ({ label: f.path, description: `run ${p.runId} · ${f.change}`, t: { runId: p.runId, path: f.path } })),
+        pendingFiles(p).map((f) => ({
+          label: pathLabel(f.path, f.marks),
+          description: `run ${p.runId} · ${f.change}`,
+          detail: f.marks?.length ? markLines(f.marks).join(" · ") : undefined,
+          t: { runId: p.runId, path: f.path },
+        })),
       );
       if (!items.length) {
         void vscode.window.showInformationMessage("airlock: no proposal is waiting for review");
@@ -293,7 +299,7 @@ export class Commands {
     const f = this.d.state.proposals.get(target.runId)?.files.find((x) => x.path === target!.path);
     const left = f?.change === "created" ? paths.proposedUri(target.runId, target.path, "empty") : paths.fileUri(target.path);
     const right = paths.proposedUri(target.runId, target.path);
-    await vscode.commands.executeCommand("vscode.diff", left, right, `${target.path} ↔ airlock ${target.runId} (proposed)`, {
+    await vscode.commands.executeCommand("vscode.diff", left, right, `${display(target.path)} ↔ airlock ${target.runId} (proposed)`, {
       preview: false,
     });
   }
@@ -358,9 +364,9 @@ export class Commands {
     if (kind === "approve" && result) {
       await this.showAsOnDisk(result.applied ?? []);
       if (result.conflicts?.length) {
-        void vscode.window.showWarningMessage(`airlock: not written (conflicted): ${result.conflicts.join(", ")}`);
+        void vscode.window.showWarningMessage(`airlock: not written (conflicted): ${displayAll(result.conflicts)}`);
       }
-      this.d.daemon.log(`run ${decision.runId}: applied ${result.applied.join(", ") || "nothing"}`);
+      this.d.daemon.log(`run ${decision.runId}: applied ${displayAll(result.applied) || "nothing"}`);
     }
     return result;
   }

@@ -4,6 +4,7 @@
 
 import * as vscode from "vscode";
 
+import { displayAll } from "./logic/escape";
 import type { AgentInfo, AgentStatus, Proposal, RunStatus, RunSummary } from "./logic/protocol";
 import { AirlockState, type Daemon } from "./logic/state";
 import { Commands, describeError } from "./commands";
@@ -75,7 +76,7 @@ export function activateWith(context: vscode.ExtensionContext, makeDaemon: Daemo
     const r = params as RunStatus;
     state.setRunStatus(r);
     if (r.conflicts?.length) {
-      void vscode.window.showWarningMessage(`airlock: run ${r.runId}: conflicted (edited since the run): ${r.conflicts.join(", ")}`);
+      void vscode.window.showWarningMessage(`airlock: run ${r.runId}: conflicted (edited since the run): ${displayAll(r.conflicts)}`);
     }
   });
   daemon.onNotification("airlock/agentStatus", (params) => state.setAgentStatus(params as AgentStatus));

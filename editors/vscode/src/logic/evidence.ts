@@ -1,6 +1,9 @@
 /** The evidence of a run as a tree of labelled nodes (the Evidence view renders it). Withheld files
- * are shown by name only: the daemon sends no content, and nothing here would show it. No `vscode`. */
+ * are shown by name only: the daemon sends no content, and nothing here would show it. Every label,
+ * description and tooltip is escaped (logic/escape.ts): paths, reasons and audit data are text an
+ * agent may have chosen. No `vscode`. */
 
+import { display, escape } from "./escape";
 import { bytes, duration, time } from "./format";
 import type { Evidence } from "./protocol";
 
@@ -35,7 +38,22 @@ function effective(ev: Evidence): Record<string, unknown> {
   return e && typeof e === "object" ? (e as Record<string, unknown>) : {};
 }
 
+/** `n` and its children as a person is shown them: one-line texts escaped whole, tooltips by line. */
+function shown(n: Node): Node {
+  return {
+    ...n,
+    label: display(n.label),
+    description: n.description === undefined ? undefined : display(n.description),
+    tooltip: n.tooltip === undefined ? undefined : escape(n.tooltip),
+    children: n.children?.map(shown),
+  };
+}
+
 export function evidenceTree(ev: Evidence, observed?: Peaks): Node[] {
+  return nodes(ev, observed).map(shown);
+}
+
+function nodes(ev: Evidence, observed?: Peaks): Node[] {
   const eff = effective(ev);
   const c = ev.resources?.container ?? {};
   const rules = new Map<string, { decision: string; reason: string; paths: string[] }>();

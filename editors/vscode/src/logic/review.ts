@@ -1,6 +1,7 @@
 /** Review logic over the daemon's proposals: which hunks are pending, where they are, the proposed
  * text of a file, navigation and the selections sent to `airlock.approve`. No `vscode` import. */
 
+import { escape } from "./escape";
 import type { Decision, FileChange, Hunk, Proposal } from "./protocol";
 
 /** `text` split into lines that keep their endings (`\r\n`, `\n` or `\r`), as airlockd splits. */
@@ -184,6 +185,12 @@ export function describeFile(f: FileChange): string {
   const n = pendingHunks(f).length;
   const what = f.binary ? "binary" : f.hunks.length ? plural(n, "hunk") : f.change;
   return `${f.change} · ${what} · ${f.decision} (${f.rule})`;
+}
+
+/** A hunk as "-old" / "+new" lines for a hover, each escaped (line endings are not part of a line). */
+export function diffText(h: Pick<Hunk, "oldText" | "newText">): string {
+  const strip = (s: string): string[] => (s ? s.replace(/\r?\n$/, "").split(/\r?\n/).map((l) => escape(l)) : []);
+  return [...strip(h.oldText).map((l) => `-${l}`), ...strip(h.newText).map((l) => `+${l}`)].join("\n");
 }
 
 /** Where each pending hunk of `f` starts in the proposed text (earlier hunks shift it). */

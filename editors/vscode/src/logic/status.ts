@@ -1,6 +1,7 @@
 /** What the status bar says and which actions its quick pick offers, from the daemon's
  * notifications. No `vscode` import: the glue turns a `StatusView` into a status bar item. */
 
+import { display } from "./escape";
 import { bytes, count, duration, percent } from "./format";
 import type { KnownAgent, Proposal, RunStatus } from "./protocol";
 import { isLive } from "./protocol";
@@ -98,7 +99,7 @@ export function statusView(input: StatusInput): StatusView {
   }
 
   let background: Background = quarantined.length ? "error" : undefined;
-  const quarantineNote = quarantined.map((a) => `${a.agent} quarantined: ${a.reason ?? "limit violations"}`);
+  const quarantineNote = quarantined.map((a) => `${a.agent} quarantined: ${display(a.reason ?? "limit violations")}`);
 
   if (live.length) {
     const warn = live.flatMap((r) => overWarning(usages(r, agents.get(r.agent))));

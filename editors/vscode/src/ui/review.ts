@@ -4,8 +4,9 @@
 
 import * as vscode from "vscode";
 
+import { display, fenced, markLines } from "../logic/escape";
 import type { FileChange, Proposal } from "../logic/protocol";
-import { hunkAnchor, hunkAt, hunkLines, pendingHunks, plural, proposedText, type HunkRef } from "../logic/review";
+import { diffText, hunkAnchor, hunkAt, hunkLines, pendingHunks, plural, proposedText, type HunkRef } from "../logic/review";
 import type { AirlockState } from "../logic/state";
 import { PROPOSED_SCHEME, type Paths } from "./paths";
 
@@ -13,7 +14,10 @@ export const CTX_REVIEW_ACTIVE = "airlock.reviewActive";
 export const CTX_HUNK_AT_CURSOR = "airlock.hunkAtCursor";
 export const CTX_RUNNING = "airlock.running";
 
-/** Serves `airlock-proposed:` documents: the file on disk with the run's pending hunks applied. */
+/** Serves `airlock-proposed:` documents: the file on disk with the run's pending hunks applied.
+ * The text is the file's real bytes, never escaped: VS Code's editor draws control characters and
+ * highlights bidirectional and invisible ones by itself (`editor.renderControlCharacters`,
+ * `editor.unicodeHighlight.*`). Everything around it (labels, lenses, hovers) is escaped here. */
 export class ProposedDocuments implements vscode.TextDocumentContentProvider {
   private readonly emitter = new vscode.EventEmitter<vscode.Uri>();
   readonly onDidChange = this.emitter.event;
@@ -30,7 +34,7 @@ export class ProposedDocuments implements vscode.TextDocumentContentProvider {
     const f = p?.files.find((x) => x.path === ref.rel);
     const disk = await readText(this.paths.fileUri(ref.rel));
     if (!p || !f) return disk;
-    if (f.binary) return `(binary file ${f.path}: ${f.change}; not shown)\n`;
+    if (f.binary) return `(binary file ${display(f.path)}: ${f.change}; not shown)\n`;
     return proposedText(disk, f, p);
   }
 
@@ -96,7 +100,7 @@ export class ReviewDecorations implements vscode.Disposable {
             },
           };
           const hover = new vscode.MarkdownString(
-            `**airlock** run \`${proposal.runId}\` (${proposal.agent}) proposes:\n\n\`\`\`diff\n${diffText(h.oldText, h.newText)}\n\`\`\``,
+            `**airlock** run \`${proposal.runId}\` (${proposal.agent}) proposes:\n\n${fenced(diffText(h), "diff")}`,
           );
           if (h.oldLines === 0) {
             const line = hunkAnchor(h, editor.document.lineCount);
@@ -122,11 +126,6 @@ export class ReviewDecorations implements vscode.Disposable {
   }
 }
 
-function diffText(oldText: string, newText: string): string {
-  const strip = (s: string): string[] => (s ? s.replace(/\r?\n$/, "").split(/\r?\n/) : []);
-  return [...strip(oldText).map((l) => `-${l}`), ...strip(newText).map((l) => `+${l}`)].join("\n");
-}
-
 /** "Accept | Reject | Diff" above each pending hunk (line 0 for a change without hunks). */
 export class ReviewLenses implements vscode.CodeLensProvider {
   private readonly emitter = new vscode.EventEmitter<void>();
@@ -150,6 +149,12 @@ export class ReviewLenses implements vscode.CodeLensProvider {
       const targets: { line: number; ref?: HunkRef }[] = hs.length
         ? hs.map((h) => ({ line: hunkAnchor(h, doc.lineCount), ref: { runId: proposal.runId, path: rel, hunk: h } }))
         : [{ line: 0 }];
+      const marks = markLines(file.marks);
+      if (marks.length) {
+        // text, not a command: what the reviewer must know before trusting how the file looks
+        const top = new vscode.Range(0, 0, 0, 0);
+        out.push(new vscode.CodeLens(top, { title: marks.join(" · "), tooltip: marks.join("\n"), command: "" }));
+      }
       for (const t of targets) {
         const range = new vscode.Range(t.line, 0, t.line, 0);
         const arg = t.ref ? { runId: t.ref.runId, path: rel, hunkId: t.ref.hunk.id } : { runId: proposal.runId, path: rel };
@@ -157,7 +162,7 @@ export class ReviewLenses implements vscode.CodeLensProvider {
         out.push(
           new vscode.CodeLens(range, {
             title: `$(check) Accept`,
-            tooltip: `accept this ${what} (run ${proposal.runId}, ${file.decision}: ${file.reason})`,
+            tooltip: `accept this ${what} (run ${proposal.runId}, ${file.decision}: ${display(file.reason)})`,
             command: t.ref ? "airlockd.acceptHunk" : "airlockd.acceptFile",
             arguments: [arg],
           }),

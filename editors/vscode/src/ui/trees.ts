@@ -3,6 +3,7 @@
 
 import * as vscode from "vscode";
 
+import { display, escape, markLines, pathLabel } from "../logic/escape";
 import { evidenceTree, type Node } from "../logic/evidence";
 import type { Evidence } from "../logic/protocol";
 import { describeFile, pendingHunks } from "../logic/review";
@@ -92,16 +93,16 @@ export class ReviewTree implements vscode.TreeDataProvider<ReviewNode> {
         ...p.files
           .filter((f) => f.state === "pending")
           .map((f) => ({
-            label: f.path,
-            description: describeFile(f),
-            tooltip: f.reason,
+            label: pathLabel(f.path, f.marks),
+            description: display(describeFile(f)),
+            tooltip: [display(f.reason), ...markLines(f.marks)].join("\n"),
             icon: f.change === "created" ? "diff-added" : f.change === "deleted" ? "diff-removed" : "diff-modified",
             context: "airlock.file",
             command: { title: "Open Diff", command: "airlockd.openDiff", arguments: [{ runId: p.runId, path: f.path }] },
             children: pendingHunks(f).map((h) => ({
               label: `line ${h.range.start.line + 1}`,
               description: `-${h.oldLines} +${h.newLines}`,
-              tooltip: h.newText,
+              tooltip: escape(h.newText.replace(/\r\n/g, "\n")),
               icon: "symbol-event",
               context: "airlock.hunk",
               command: {
@@ -112,9 +113,12 @@ export class ReviewTree implements vscode.TreeDataProvider<ReviewNode> {
             })),
           })),
         ...p.denied.map((d) => ({
-          label: d.path,
-          description: `denied · ${d.rule}`,
-          tooltip: `${d.change}: denied by ${d.rule} — ${d.reason}. Never offered for acceptance.`,
+          label: pathLabel(d.path, d.marks),
+          description: `denied · ${display(d.rule)}`,
+          tooltip: [
+            `${d.change}: denied by ${display(d.rule)} — ${display(d.reason)}. Never offered for acceptance.`,
+            ...markLines(d.marks),
+          ].join("\n"),
           icon: "circle-slash",
           context: "airlock.denied",
         })),

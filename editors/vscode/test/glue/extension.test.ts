@@ -11,7 +11,7 @@ import * as vscode from "vscode";
 
 import type { Daemon } from "../../src/logic/state";
 import { activateWith, type Extension } from "../../src/main";
-import { MOD, modProposal } from "../unit/fixtures";
+import { ATTACKS, LOOKALIKE, LOOKALIKE_MARK, MOD, UNDRAWN, hostileProposal, modProposal } from "../unit/fixtures";
 import * as stub from "./vscode-stub";
 
 const world = stub.world;
@@ -129,6 +129,55 @@ test("a proposal: review context key, proposed document, lenses, decorations, de
   const denied = run.children.find((c) => c.label === "AGENTS.md")!;
   assert.match(denied.description, /denied · invariant:protected/);
   assert.equal(denied.command, undefined, "a denied change is never offered");
+});
+
+test("names, reasons and text an agent chose are shown escaped; marks are shown; the file's bytes are not escaped", async () => {
+  fs.writeFileSync(path.join(root, LOOKALIKE), MOD);
+  const doc = await vscode.workspace.openTextDocument(vscode.Uri.file(path.join(root, LOOKALIKE)));
+  const editor = (await vscode.window.showTextDocument(doc)) as unknown as stub.TextEditor;
+  daemon.notify("airlock/proposal", hostileProposal());
+  const shown: string[] = [];
+
+  const tree = world.trees.get("airlock.review")!;
+  type Item = { label: string; description?: string; tooltip?: string; children?: Item[] };
+  const [run] = tree.getChildren() as Item[];
+  const walk = (n: Item): void => {
+    shown.push(n.label, n.description ?? "", n.tooltip ?? "");
+    n.children?.forEach(walk);
+  };
+  walk(run);
+  const [lookalike, denied] = run.children!;
+  assert.equal(lookalike.label, `⚠ ${LOOKALIKE}`);
+  assert.ok(lookalike.tooltip!.includes(`⚠ ${LOOKALIKE_MARK}`), lookalike.tooltip);
+  assert.ok(lookalike.tooltip!.startsWith("look-alike name\\x1b[8m hidden"), lookalike.tooltip);
+  assert.ok(lookalike.children![0].tooltip!.includes(ATTACKS["concealed text (SGR 8)"][1]));
+  assert.equal(denied.label, "⚠ evil\\u202etxt.exe");
+  assert.match(denied.tooltip!, /no\\x1b\]52;c;eA==\\x07\. Never offered[^]*⚠ bidirectional control in the name/);
+
+  const lenses = world.lensProviders[0].provideCodeLenses(doc as never);
+  assert.equal(lenses[0].range.start.line, 0);
+  assert.equal(lenses[0].command!.title, `⚠ ${LOOKALIKE_MARK} · ⚠ the proposed text holds a terminal escape (ESC): shown escaped`);
+  assert.equal(lenses[0].command!.command, "", "a mark is text, not an action");
+  for (const l of lenses) shown.push(l.command!.title, l.command!.tooltip ?? "");
+
+  const hovers = [...editor.decorations.values()].flat().map((d) => (d as { hoverMessage: { value: string } }).hoverMessage.value);
+  assert.equal(hovers.length, 1);
+  assert.ok(hovers[0].includes("+evil()\\x1b[1A\\x1b[2K") && hovers[0].includes("+rm -rf ~\\rls -l"), hovers[0]);
+  shown.push(...hovers);
+
+  // the proposed document is the file's real bytes: VS Code's editor shows what is hidden in them
+  const uri = vscode.Uri.from({ scheme: "airlock-proposed", path: `/${LOOKALIKE}`, query: "run=r1&side=proposed" });
+  const text = await world.contentProviders.get("airlock-proposed")!.provideTextDocumentContent(uri as never);
+  assert.ok(text.includes("\x1b[8m") && text.includes("\u202e"));
+
+  daemon.answers["airlock.approve"] = () => {
+    throw Object.assign(new Error("conflict"), { code: -32030, data: { paths: [`${LOOKALIKE}\x1b[2K`] } });
+  };
+  await vscode.commands.executeCommand("airlockd.acceptFile", { runId: "r1", path: LOOKALIKE });
+  shown.push(...world.messages.map((m) => m.text));
+  assert.ok(world.messages.some((m) => m.text.includes(`${LOOKALIKE}\\x1b[2K changed since the run`)));
+
+  for (const t of shown) assert.doesNotMatch(t, UNDRAWN, JSON.stringify(t));
 });
 
 test("accept hunk sends airlock.approve with that hunk, reverts the clean buffer, never applies an edit", async () => {

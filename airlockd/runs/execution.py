@@ -374,6 +374,7 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     )
     files = []
     twins = base.twins([c.path for c in changes])
+    rest: dict[tuple[str, str], int] = {}  # (decision, rule) -> changes past CLASSIFY_EVENTS
     for c in classify(changes, svc.policy, withheld, base=twins, secrets=secrets, hidden=hidden):
         state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
         files.append(
@@ -389,16 +390,21 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 marks=_marks(svc, c.change.path, hidden.get(c.change.path)),
             )
         )
-        svc.audit.append(
-            "classify",
-            run=rec.id,
-            agent=rec.agent,
-            policy=rec.policy_revision,
-            path=c.change.path,
-            change=c.change.change.value,
-            decision=c.decision.value,
-            rule=c.rule,
-        )
+        if len(files) <= CLASSIFY_EVENTS:
+            svc.audit.append(
+                "classify",
+                run=rec.id,
+                agent=rec.agent,
+                policy=rec.policy_revision,
+                path=c.change.path,
+                change=c.change.change.value,
+                decision=c.decision.value,
+                rule=c.rule,
+            )
+        else:
+            rest[(c.decision.value, c.rule)] = rest.get((c.decision.value, c.rule), 0) + 1
+    if rest:
+        _classify_summary(svc, rec, rest)
     drop_secrets(run_dir, secrets)
     files = screening.screen_changes(svc, rec, files)
     svc.content.keep_base_blobs(rec.id, files)
@@ -423,6 +429,25 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         if auto:
             rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
     return svc.lifecycle.settle(rec.id)
+
+
+def _classify_summary(svc: Service, rec: RunRecord, rest: Mapping[tuple[str, str], int]) -> None:
+    """One event for the changes past the first CLASSIFY_EVENTS (each is in the run's record):
+    how many, by decision and by rule, so a change set of any size makes a bounded trail."""
+    by_decision: dict[str, int] = {}
+    for (decision, _), n in rest.items():
+        by_decision[decision] = by_decision.get(decision, 0) + n
+    rules = sorted(rest.items(), key=lambda kv: -kv[1])[: CLASSIFY_EVENTS // 10]
+    svc.audit.append(
+        "classify.summary",
+        run=rec.id,
+        agent=rec.agent,
+        policy=rec.policy_revision,
+        changes=sum(rest.values()),
+        decisions=by_decision,
+        rules=[{"decision": d, "rule": r, "changes": n} for (d, r), n in rules],
+        rules_left_out=max(0, len(rest) - len(rules)),
+    )
 
 
 def _too_large(svc: Service, rec: RunRecord, over: ChangeSetTooLarge) -> RunRecord:
@@ -464,6 +489,11 @@ def _stored_entry(svc: Service, entry: Entry | None, secret: bool) -> dict[str, 
         return None
     doc = entry.to_json()
     return dict(svc.redactor.value(doc)) if secret else doc
+
+
+# Per-change `classify` events of one run; the changes past them are counted in one
+# `classify.summary` event (the run's record keeps every change).
+CLASSIFY_EVENTS = 500
 
 
 def _marks(svc: Service, path: str, hidden: str | None) -> list[str]:

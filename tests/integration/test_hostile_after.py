@@ -42,6 +42,10 @@ POLICY = textwrap.dedent(
     changed_files = 200
     change_depth = 40
 
+    [agents.wide]
+    command = ["bash", "-c", "{prompt}"]
+    prompt = "argv"
+
     [[rules]]
     match = ["src/**", "setup.py", "*.py", "*.sh"]
     action = "auto"
@@ -210,3 +214,18 @@ async def _through_the_daemon(ws: Path, state: Path, tmp_path: Path) -> None:
     assert (ws / "src" / "ok.py").read_text() == "OK = True\n"
     for path in EXPECTED:
         assert not (ws / path).exists(), path
+
+
+def test_a_large_change_set_makes_a_bounded_audit_trail(_state_dir: Path, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    script = "mkdir -p src/gen docs && for i in $(seq 1 700); do echo $i > src/gen/m$i.py; done; echo x > docs/n.md"
+    proc = _cli(ws, "--json", "run", "--agent", "wide", "--wait", script)
+    run = json.loads(proc.stdout)
+    assert run["state"] == "proposed" and len(run["files"]) == 703, proc.stderr  # + src/gen, docs
+    events = json.loads(_cli(ws, "--json", "audit", "--run", run["id"]).stdout)
+    per_change = [e for e in events if e["kind"] == "classify"]
+    (summary,) = [e["data"] for e in events if e["kind"] == "classify.summary"]
+    assert len(per_change) == 500 and summary["changes"] == 203
+    assert sum(summary["decisions"].values()) == 203
+    assert sum(r["changes"] for r in summary["rules"]) == 203
+    assert _cli(ws, "audit", "--verify").returncode == 0

@@ -1,6 +1,9 @@
 -- Inline review: pending hunks drawn on the real buffer (never modified), buffer-local keys while
 -- something is pending, accept/reject through airlock.approve / airlock.reject, reload after.
+-- Paths, rules, reasons and proposed text are shown escaped (airlock.escape); a change's marks
+-- head its banner and its quickfix entries.
 local config = require('airlock.config')
+local esc = require('airlock.escape')
 local state = require('airlock.state')
 local lsp = require('airlock.lsp')
 
@@ -94,8 +97,10 @@ end
 
 -- -- drawing ---------------------------------------------------------------------------------
 
+-- A proposed line as virtual text: escaped (a CRLF ending is a line ending, not shown), tabs
+-- expanded.
 local function expand(line)
-  return (line:gsub('\t', string.rep(' ', vim.o.tabstop)))
+  return (esc.escape(line:gsub('\r$', ''), '\t'):gsub('\t', string.rep(' ', vim.o.tabstop)))
 end
 
 local function draw_hunk(bufnr, h, i, total, decision)
@@ -145,9 +150,13 @@ local function draw_hunk(bufnr, h, i, total, decision)
   end
 end
 
-local function banner(bufnr, text, hl)
+local function banner(bufnr, lines, hl)
+  local virt = {}
+  for _, text in ipairs(lines) do
+    table.insert(virt, { { text, hl } })
+  end
   vim.api.nvim_buf_set_extmark(bufnr, ns, 0, 0, {
-    virt_lines = { { { text, hl } } },
+    virt_lines = virt,
     virt_lines_above = true,
     sign_text = config.values.signs.denied,
     sign_hl_group = hl,
@@ -165,15 +174,19 @@ function M.render(bufnr)
   if p and path and config.values.inline then
     local d = denied_of(p, path)
     if d then
-      banner(bufnr, string.format('airlock: %s change denied by %s — %s (not offered)', d.change, d.rule, d.reason or ''), 'AirlockDenied')
+      local text = string.format('airlock: %s change denied by %s — %s (not offered)', d.change, esc.display(d.rule), esc.display(d.reason))
+      banner(bufnr, { text, unpack(esc.marks(d)) }, 'AirlockDenied')
     end
     local f = file_of(p, path)
     if f and f.state == 'conflicted' then
-      banner(bufnr, 'airlock: conflicted (the file changed after the run) — it can only be rejected', 'AirlockDenied')
+      banner(bufnr, { 'airlock: conflicted (the file changed after the run) — it can only be rejected', unpack(esc.marks(f)) }, 'AirlockDenied')
     elseif f and f.state == 'pending' then
       local pend = M.pending_hunks(f)
       if #hunks_of(f) == 0 then
-        banner(bufnr, string.format('airlock: %s %s pending (%s: %s)', f.change, f.binary and 'binary file' or 'file', f.decision, f.rule), 'AirlockHint')
+        local text = string.format('airlock: %s %s pending (%s: %s)', f.change, f.binary and 'binary file' or 'file', f.decision, esc.display(f.rule))
+        banner(bufnr, { text, unpack(esc.marks(f)) }, 'AirlockHint')
+      elseif f.marks and #esc.marks(f) > 0 then
+        banner(bufnr, esc.marks(f), 'AirlockDenied')
       end
       for i, h in ipairs(pend) do
         draw_hunk(bufnr, h, i, #pend, f.decision)
@@ -337,7 +350,7 @@ function M.decide(verb, scope, arg, cb)
       return fail('no pending hunk at the cursor (]h / [h move to one)')
     end
     args.hunks = { [path] = { h.id } }
-    what = string.format('hunk at line %d of %s', h.range.start.line + 1, path)
+    what = string.format('hunk at line %d of %s', h.range.start.line + 1, esc.display(path))
   elseif scope == 'file' then
     local path = selection_path(arg)
     if not path then
@@ -345,14 +358,14 @@ function M.decide(verb, scope, arg, cb)
     end
     local d = denied_of(p, path)
     if d and verb == 'accept' then
-      return fail(string.format('%s was denied by %s and cannot be accepted', path, d.rule))
+      return fail(string.format('%s was denied by %s and cannot be accepted', esc.display(path), esc.display(d.rule)))
     end
     local f = file_of(p, path)
     if not f or (f.state ~= 'pending' and not (verb == 'reject' and f.state == 'conflicted')) then
-      return fail(path .. ' has nothing pending in run ' .. p.runId)
+      return fail(esc.display(path) .. ' has nothing pending in run ' .. p.runId)
     end
     args.paths = { path }
-    what = path
+    what = esc.display(path)
   elseif scope == 'all' then
     what = 'everything pending'
   else
@@ -364,7 +377,7 @@ function M.decide(verb, scope, arg, cb)
       if verb == 'accept' then
         M.reload(res.applied)
         if type(res.conflicts) == 'table' and #res.conflicts > 0 then
-          vim.notify('airlock: conflicted: ' .. table.concat(res.conflicts, ', '), vim.log.levels.WARN)
+          vim.notify('airlock: conflicted: ' .. esc.display_all(res.conflicts), vim.log.levels.WARN)
         end
       end
       state.add_log('info', string.format('%s %s: run %s is %s', verb == 'accept' and 'accepted' or 'rejected', what, res.runId, res.state))
@@ -386,24 +399,33 @@ local function signature(f)
   return s
 end
 
+--- A quickfix item of change `c` (file or denied): its marks lead the text; a path with hidden
+--- characters is shown escaped (`module`) while the item still opens the file itself.
+local function qf_item(c, lnum, type_, text)
+  local marks = esc.marks(c)
+  table.insert(marks, text)
+  local shown = esc.display(c.path)
+  return { filename = M.abs(c.path), module = shown ~= c.path and shown or nil, lnum = lnum, type = type_, text = table.concat(marks, ' · ') }
+end
+
 function M.quickfix_items(p)
   local items = {}
   for _, f in ipairs(p.files or {}) do
-    local abs = M.abs(f.path)
+    local rule = esc.display(f.rule)
     if f.state == 'pending' then
       local hs = M.pending_hunks(f)
       if #hunks_of(f) == 0 then
-        table.insert(items, { filename = abs, lnum = 1, type = 'I', text = string.format('%s%s (%s: %s) — pending', f.change, f.binary and ' binary' or '', f.decision, f.rule) })
+        table.insert(items, qf_item(f, 1, 'I', string.format('%s%s (%s: %s) — pending', f.change, f.binary and ' binary' or '', f.decision, rule)))
       end
       for i, h in ipairs(hs) do
-        table.insert(items, { filename = abs, lnum = h.range.start.line + 1, type = 'I', text = string.format('hunk %d/%d: -%d +%d (%s: %s)', i, #hs, h.oldLines, h.newLines, f.decision, f.rule) })
+        table.insert(items, qf_item(f, h.range.start.line + 1, 'I', string.format('hunk %d/%d: -%d +%d (%s: %s)', i, #hs, h.oldLines, h.newLines, f.decision, rule)))
       end
     elseif f.state == 'conflicted' then
-      table.insert(items, { filename = abs, lnum = 1, type = 'W', text = 'conflicted: the file changed after the run; reject only' })
+      table.insert(items, qf_item(f, 1, 'W', 'conflicted: the file changed after the run; reject only'))
     end
   end
   for _, d in ipairs(p.denied or {}) do
-    table.insert(items, { filename = M.abs(d.path), lnum = 1, type = 'E', text = string.format('denied by %s: %s (%s; not offered)', d.rule, d.reason or '', d.change) })
+    table.insert(items, qf_item(d, 1, 'E', string.format('denied by %s: %s (%s; not offered)', esc.display(d.rule), esc.display(d.reason), d.change)))
   end
   return items
 end
@@ -545,7 +567,7 @@ function M.diff(arg)
   local path = selection_path(arg)
   local f = path and file_of(p, path)
   if not f then
-    return vim.notify('airlock: ' .. tostring(path) .. ' is not part of run ' .. p.runId, vim.log.levels.WARN)
+    return vim.notify('airlock: ' .. esc.display(path) .. ' is not part of run ' .. p.runId, vim.log.levels.WARN)
   end
   local bufnr = M.buf_of(path)
   if #hunks_of(f) > 0 and f.change == 'modified' then
@@ -560,7 +582,7 @@ function M.diff(arg)
     end
     vim.api.nvim_set_current_win(win)
     local lines = M.proposed_lines(bufnr, f)
-    local sb = scratch('airlock://proposed/' .. p.runId .. '/' .. path, lines, vim.bo[bufnr].filetype)
+    local sb = scratch('airlock://proposed/' .. p.runId .. '/' .. esc.display(path), lines, vim.bo[bufnr].filetype)
     vim.cmd('diffthis')
     vim.cmd('vertical rightbelow split')
     vim.api.nvim_win_set_buf(0, sb)
@@ -584,7 +606,7 @@ function M.diff(arg)
     if err or not res then
       return
     end
-    local sb = scratch('airlock://diff/' .. p.runId .. '/' .. path, split(res.diff), 'diff')
+    local sb = scratch('airlock://diff/' .. p.runId .. '/' .. esc.display(path), split(res.diff), 'diff')
     vim.cmd('vertical rightbelow split')
     vim.api.nvim_win_set_buf(0, sb)
   end)

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "editors" / "nvim"
 E2E = Path(__file__).with_name("nvim") / "e2e.lua"
 UNIT = Path(__file__).with_name("nvim") / "unit.lua"
+SHOWN = Path(__file__).with_name("nvim") / "shown.lua"
 
 POLICY = textwrap.dedent(
     """
@@ -72,16 +73,30 @@ def run_nvim(script: Path, env: dict[str, str], timeout: float = 300) -> subproc
     )
 
 
-def test_plugin_logic(tmp_path: Path) -> None:
-    """The plugin's logic that needs no daemon, in a real Neovim (tests/editors/nvim/unit.lua)."""
-    out_file = tmp_path / "unit.json"
+def run_spec(spec: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """A Lua spec of tests/editors/nvim (runner.lua) in a real Neovim, no daemon: its results, all passed."""
+    out_file = tmp_path / f"{spec.stem}.json"
     env = {**os.environ, "AIRLOCK_PLUGIN": str(PLUGIN), "AIRLOCK_OUT": str(out_file), "XDG_STATE_HOME": str(tmp_path)}
-    proc = run_nvim(UNIT, env, timeout=120)
+    proc = run_nvim(spec, env, timeout=120)
     assert out_file.exists(), proc.stderr
-    results = json.loads(out_file.read_text())
+    results: list[dict[str, Any]] = json.loads(out_file.read_text())
     failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(results) >= 9 and proc.returncode == 0
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def test_plugin_logic(tmp_path: Path) -> None:
+    """The plugin's logic that needs no daemon, in a real Neovim (tests/editors/nvim/unit.lua)."""
+    assert len(run_spec(UNIT, tmp_path)) >= 9
+
+
+def test_plugin_shows_hidden_characters_escaped_and_marks(tmp_path: Path) -> None:
+    """Names, rules, reasons and proposed text holding terminal escapes, bidi controls, carriage
+    returns and backspaces, and a look-alike name, as the plugin shows them: escaped as
+    airlockd/names.py writes them, marks in the banner and the quickfix text (nvim/shown.lua)."""
+    names = [r["name"] for r in run_spec(SHOWN, tmp_path)]
+    assert len(names) == 3, names
 
 
 @pytest.mark.docker

@@ -1,19 +1,10 @@
 -- Unit tests of the plugin's logic that need no daemon (statusline, hunk lookup, proposed text,
--- completion, keys appearing and going). A small runner: each `it` is run in order; the failures
--- are written to AIRLOCK_OUT as JSON and the exit code is the number of failures.
+-- completion, keys appearing and going), run by runner.lua.
 vim.opt.rtp:prepend(vim.env.AIRLOCK_PLUGIN)
 vim.cmd('runtime plugin/airlock.lua')
 
-local results = {}
-local function it(name, fn)
-  local ok, err = xpcall(fn, debug.traceback)
-  table.insert(results, { name = name, ok = ok, error = not ok and err or nil })
-end
-local function eq(want, got, what)
-  if not vim.deep_equal(want, got) then
-    error(string.format('%s: want %s, got %s', what or 'value', vim.inspect(want), vim.inspect(got)), 2)
-  end
-end
+local t = dofile(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)) .. '/runner.lua')
+local it, eq = t.it, t.eq
 
 local airlock = require('airlock').setup({ cmd = { 'false' } })
 local state = airlock.state
@@ -213,14 +204,4 @@ it('airlockd found without cmd: PATH, the workspace .venv, venv, ~/.local/bin, i
   assert(ok, err)
 end)
 
-local f = assert(io.open(vim.env.AIRLOCK_OUT, 'w'))
-f:write(vim.json.encode(results))
-f:close()
-local failed = 0
-for _, r in ipairs(results) do
-  if not r.ok then
-    failed = failed + 1
-    io.stderr:write('FAIL ' .. r.name .. '\n' .. r.error .. '\n')
-  end
-end
-os.exit(failed)
+t.finish()

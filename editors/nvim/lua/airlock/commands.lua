@@ -1,4 +1,5 @@
 -- :Airlock {subcommand} — every action from the keyboard, with completion.
+local esc = require('airlock.escape')
 local state = require('airlock.state')
 local lsp = require('airlock.lsp')
 local review = require('airlock.review')
@@ -123,7 +124,7 @@ end
 local function pretty(value, indent, out, key)
   indent = indent or ''
   out = out or {}
-  local prefix = indent .. (key and (key .. ': ') or '')
+  local prefix = indent .. (key and (esc.display(key) .. ': ') or '')
   if type(value) == 'table' and value ~= vim.NIL then
     if vim.tbl_isempty(value) then
       table.insert(out, prefix .. (vim.islist(value) and '[]' or '{}'))
@@ -145,7 +146,7 @@ local function pretty(value, indent, out, key)
   else
     local s = value == vim.NIL and 'null' or tostring(value)
     for i, l in ipairs(vim.split(s, '\n', { plain = true })) do
-      table.insert(out, (i == 1 and prefix or indent .. '  ') .. l)
+      table.insert(out, (i == 1 and prefix or indent .. '  ') .. esc.escape(l, '\t'))
     end
   end
   return out
@@ -171,7 +172,7 @@ end
 function M.log()
   local lines = {}
   for _, e in ipairs(state.log) do
-    table.insert(lines, string.format('%s %-5s %s', e.time, e.level, e.text:gsub('\n', ' ')))
+    table.insert(lines, string.format('%s %-5s %s', e.time, e.level, esc.display((e.text:gsub('\n', ' ')))))
   end
   table.insert(lines, '')
   table.insert(lines, 'LSP log: ' .. vim.lsp.get_log_path())
@@ -273,7 +274,7 @@ M.subcommands = {
       vim.ui.select(q, {
         prompt = 'release which agent',
         format_item = function(a)
-          return a.agent .. ': ' .. tostring(a.reason)
+          return a.agent .. ': ' .. esc.display(a.reason)
         end,
       }, function(choice)
         if choice then

@@ -1,6 +1,7 @@
 -- The language client: registering `airlockd serve`, finding or starting it, and calling its
 -- airlock.* commands. Nothing here ever applies a WorkspaceEdit: approvals go through the daemon.
 local config = require('airlock.config')
+local esc = require('airlock.escape')
 local state = require('airlock.state')
 
 local M = { name = 'airlock' }
@@ -39,7 +40,7 @@ local function handlers()
     ['airlock/runStatus'] = function(_, params)
       state.on_run_status(params)
       if type(params.conflicts) == 'table' and #params.conflicts > 0 then
-        local msg = 'airlock: conflicted (edited after the run): ' .. table.concat(params.conflicts, ', ')
+        local msg = 'airlock: conflicted (edited after the run): ' .. esc.display_all(params.conflicts)
         state.add_log('warn', msg)
       end
       fire()
@@ -48,7 +49,7 @@ local function handlers()
     ['airlock/agentStatus'] = function(_, params)
       state.on_agent(params)
       if params.quarantined then
-        state.add_log('error', string.format('agent %s quarantined: %s', params.agent, tostring(params.reason)))
+        state.add_log('error', string.format('agent %s quarantined: %s', params.agent, esc.display(params.reason)))
       end
       fire()
     end,
@@ -64,6 +65,7 @@ local function handlers()
     ['window/showMessage'] = function(err, result, ctx, cfg)
       if result and result.message then
         local lvl = ({ 'error', 'warn', 'info', 'info' })[result.type] or 'info'
+        result = vim.tbl_extend('force', result, { message = esc.escape(result.message) })
         state.add_log(lvl, result.message)
       end
       return default_show(err, result, ctx, cfg)
@@ -284,10 +286,10 @@ function M.root()
 end
 
 local function error_text(err)
-  local msg = err.message or tostring(err)
+  local msg = esc.escape(err.message or tostring(err))
   local data = err.data
   if type(data) == 'table' and type(data.paths) == 'table' and #data.paths > 0 then
-    msg = msg .. ' [' .. table.concat(data.paths, ', ') .. ']'
+    msg = msg .. ' [' .. esc.display_all(data.paths) .. ']'
   end
   return msg
 end

@@ -175,18 +175,19 @@ function M.render(bufnr)
     local d = denied_of(p, path)
     if d then
       local text = string.format('airlock: %s change denied by %s — %s (not offered)', d.change, esc.display(d.rule), esc.display(d.reason))
-      banner(bufnr, { text, unpack(esc.marks(d)) }, 'AirlockDenied')
+      banner(bufnr, vim.list_extend({ text }, esc.marks(d)), 'AirlockDenied')
     end
     local f = file_of(p, path)
     if f and f.state == 'conflicted' then
-      banner(bufnr, { 'airlock: conflicted (the file changed after the run) — it can only be rejected', unpack(esc.marks(f)) }, 'AirlockDenied')
+      local text = 'airlock: conflicted (the file changed after the run) — it can only be rejected'
+      banner(bufnr, vim.list_extend({ text }, esc.marks(f)), 'AirlockDenied')
     elseif f and f.state == 'pending' then
-      local pend = M.pending_hunks(f)
+      local pend, marks = M.pending_hunks(f), esc.marks(f)
       if #hunks_of(f) == 0 then
         local text = string.format('airlock: %s %s pending (%s: %s)', f.change, f.binary and 'binary file' or 'file', f.decision, esc.display(f.rule))
-        banner(bufnr, { text, unpack(esc.marks(f)) }, 'AirlockHint')
-      elseif f.marks and #esc.marks(f) > 0 then
-        banner(bufnr, esc.marks(f), 'AirlockDenied')
+        banner(bufnr, vim.list_extend({ text }, marks), #marks > 0 and 'AirlockDenied' or 'AirlockHint')
+      elseif #marks > 0 then
+        banner(bufnr, marks, 'AirlockDenied')
       end
       for i, h in ipairs(pend) do
         draw_hunk(bufnr, h, i, #pend, f.decision)
@@ -581,6 +582,8 @@ function M.diff(arg)
       win = vim.api.nvim_get_current_win()
     end
     vim.api.nvim_set_current_win(win)
+    -- the file's text as it would land, never escaped: Neovim draws control characters (^[) and
+    -- most invisible ones (<200b>) by itself
     local lines = M.proposed_lines(bufnr, f)
     local sb = scratch('airlock://proposed/' .. p.runId .. '/' .. esc.display(path), lines, vim.bo[bufnr].filetype)
     vim.cmd('diffthis')
@@ -606,7 +609,11 @@ function M.diff(arg)
     if err or not res then
       return
     end
-    local sb = scratch('airlock://diff/' .. p.runId .. '/' .. esc.display(path), split(res.diff), 'diff')
+    -- the daemon's diff, shown as `airlockd diff` prints it
+    local lines = vim.tbl_map(function(l)
+      return esc.escape(l, '\t')
+    end, split(res.diff))
+    local sb = scratch('airlock://diff/' .. p.runId .. '/' .. esc.display(path), lines, 'diff')
     vim.cmd('vertical rightbelow split')
     vim.api.nvim_win_set_buf(0, sb)
   end)

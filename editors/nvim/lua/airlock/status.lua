@@ -1,6 +1,7 @@
 -- The statusline text: what airlockd is doing now, from the cached notifications.
 local state = require('airlock.state')
 local config = require('airlock.config')
+local esc = require('airlock.escape')
 
 local M = {}
 
@@ -74,7 +75,7 @@ function M.compute()
     local a = state.agents[name]
     if a.quarantined then
       level = 'error'
-      table.insert(parts, string.format('%s QUARANTINED%s', name, a.reason and a.reason ~= vim.NIL and (': ' .. a.reason) or ''))
+      table.insert(parts, string.format('%s QUARANTINED%s', name, a.reason and a.reason ~= vim.NIL and (': ' .. esc.display(a.reason)) or ''))
     end
   end
   return { kind = kind, level = level, text = 'airlock: ' .. table.concat(parts, ' | ') }

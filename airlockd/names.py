@@ -44,8 +44,18 @@ def _hidden(ch: str) -> bool:
     return unicodedata.category(ch) in _HIDDEN_CATEGORIES
 
 
+_SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _escape_char(ch: str) -> str:
-    return repr(ch)[1:-1]  # every hidden character is unprintable, so repr escapes it
+    """As Python's repr writes it, for every hidden character (repr leaves a few that Python
+    counts as printable, like the Hangul fillers, as they are)."""
+    n = ord(ch)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def escape(text: str, *, keep: str = "\n\t") -> str:
@@ -70,7 +80,7 @@ def display(path: str) -> str:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return repr(path)[1:-1]
-    return path if path.isprintable() else escape(path, keep="")
+    return escape(path, keep="")
 
 
 def confusable(path: str) -> str | None:

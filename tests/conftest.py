@@ -82,6 +82,8 @@ _STAGED_MODULES = {
     "test_staging_engine",
     "test_secret_deny",
     "test_secret_proposals",
+    "test_secrets_random",
+    "test_hostile_after",
 }
 
 

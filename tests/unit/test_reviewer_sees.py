@@ -152,3 +152,9 @@ def test_every_cli_write_in_plain_text_is_escaped() -> None:
     print("+evil()\x1b[1A\x1b[2K", file=out)
     assert "\x1b" not in raw.getvalue() and "\\x1b]52;c;" in raw.getvalue()
     assert raw.getvalue().count("\n") == 3
+
+
+@pytest.mark.parametrize("ch", ["\u115f", "\u1160", "\u3164", "\uffa0", "\u17b4", "\ufe0f", "\u200b", "\ufeff"])
+def test_blank_fillers_python_calls_printable_are_escaped_too(ch: str) -> None:
+    assert escape(f"a{ch}b") == f"a\\u{ord(ch):04x}b"
+    assert display(f"x{ch}.py") == f"x\\u{ord(ch):04x}.py"

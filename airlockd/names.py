@@ -83,6 +83,16 @@ def display(path: str) -> str:
     return escape(path, keep="")
 
 
+def brief(path: str, limit: int = 160) -> str:
+    """`display(path)`, its middle cut to keep it within `limit` characters (a message that
+    names an agent's path stays readable whatever the path's length)."""
+    shown = display(path)
+    if len(shown) <= limit:
+        return shown
+    keep = (limit - 1) // 2
+    return f"{shown[:keep]}…{shown[-keep:]}"
+
+
 def confusable(path: str) -> str | None:
     """What a path whose letters include look-alikes of Latin letters (Cyrillic `е` in
     `sеtup.py`) would be read as, with the first look-alike named; None for a path with none.

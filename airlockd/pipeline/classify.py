@@ -47,6 +47,7 @@ AGENT_HOMES = (".codex", ".claude")  # and any component starting with ".aider"
 # Bidirectional controls reorder what a person reads ("Trojan source"): as bad as a newline.
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _SPECIAL = (Kind.FIFO, Kind.SOCKET, Kind.DEVICE)
+PATH_MAX = 4096  # Linux: a path the kernel takes in one piece, its final NUL included
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,11 @@ def _name_problem(path: str) -> _Verdict | None:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return _deny("unsafe-name", "name is not valid UTF-8")
+    size = len(path.encode("utf-8", "surrogateescape"))
+    if size >= PATH_MAX:
+        return _deny(
+            "unsafe-name", f"a path of {size} bytes: longer than any path a workspace can hold ({PATH_MAX - 1})"
+        )
     if any(unicodedata.category(ch) == "Cc" or ch in _BIDI for ch in path):
         return _deny("unsafe-name", "name contains a newline, a control or a bidirectional character")
     if not path.isprintable():

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from airlockd.errors import CommitError, ConflictError
 from airlockd.fsutil import syncfs
-from airlockd.names import display
+from airlockd.names import brief, display
 from airlockd.pipeline.journal import (
     Journal,
     JournalOp,
@@ -114,7 +114,7 @@ def commit(
             raise CommitError(f"transaction {txid} already exists; nothing was written")
         conflicts, parents = _conflicts(workspace, ordered)
         if conflicts:
-            shown = "; ".join(f"{display(p)} ({why})" for p, why in conflicts)
+            shown = _some([f"{brief(p)} ({why})" for p, why in conflicts])
             raise ConflictError(
                 f"{len(conflicts)} path(s) changed since the proposal was made, nothing was written: {shown}",
                 paths=[p for p, _ in conflicts],
@@ -175,7 +175,7 @@ def undo_ops(workspace: Path, state_backups: Path, txid: str) -> list[FileOp]:
     changed = [op.path for op in ops if not matches(workspace / op.path, op.base)]
     if changed:
         raise ConflictError(
-            f"cannot undo {txid}: changed since it was applied: " + ", ".join(display(p) for p in changed),
+            f"cannot undo {txid}: changed since it was applied: " + _some([brief(p) for p in changed]),
             paths=changed,
             hint="undo only reverses files nobody edited after the commit",
         )
@@ -205,7 +205,7 @@ def _validated(ops: list[FileOp]) -> list[FileOp]:
     problems: list[str] = []
     by_path: dict[str, FileOp] = {}
     for op in ops:
-        p, name = op.path, display(op.path)
+        p, name = op.path, brief(op.path)
         parts = p.split("/")
         if not p or p.startswith("/") or "\0" in p or any(x in ("", ".", "..") for x in parts):
             problems.append(f"{name}: not a relative path inside the workspace")
@@ -226,10 +226,16 @@ def _validated(ops: list[FileOp]) -> list[FileOp]:
         for i in range(1, len(parts)):
             anc = by_path.get("/".join(parts[:i]))
             if op.new and anc and (anc.new is None or anc.new.kind is not Kind.DIR):
-                problems.append(f"{display(op.path)}: written under a path that is not a dir")
+                problems.append(f"{brief(op.path)}: written under a path that is not a dir")
     if problems:
-        raise CommitError("refused to commit, nothing was written: " + "; ".join(problems))
+        raise CommitError("refused to commit, nothing was written: " + _some(problems))
     return sorted(ops, key=lambda o: o.path)
+
+
+def _some(problems: list[str], most: int = 20) -> str:
+    """The first `most` problems, and how many more: an error of bounded size."""
+    more = f"; and {len(problems) - most} more" if len(problems) > most else ""
+    return "; ".join(problems[:most]) + more
 
 
 def _check_lengths(workspace: Path, txid: str, ops: list[FileOp]) -> None:
@@ -243,16 +249,14 @@ def _check_lengths(workspace: Path, txid: str, ops: list[FileOp]) -> None:
         longest = max(len(part) for part in raw.split(b"/"))
         tmp = len(temp_name(txid, str(n)))
         if longest > NAME_MAX:
-            problems.append(f"{display(op.path)}: a name of {longest} bytes (at most {NAME_MAX})")
+            problems.append(f"{brief(op.path)}: a name of {longest} bytes (at most {NAME_MAX})")
         elif root + len(raw) + tmp >= PATH_MAX:
             problems.append(
-                f"{display(op.path)}: a path of {root + len(raw)} bytes in the workspace (at most {PATH_MAX - 1 - tmp})"
+                f"{brief(op.path)}: a path of {root + len(raw)} bytes in the workspace (at most {PATH_MAX - 1 - tmp})"
             )
     if problems:
         raise CommitError(
-            "refused to commit, nothing was written: "
-            + "; ".join(problems[:20])
-            + (f"; and {len(problems) - 20} more" if len(problems) > 20 else ""),
+            "refused to commit, nothing was written: " + _some(problems),
             hint="these names cannot exist in the workspace's filesystem; reject those files",
         )
 

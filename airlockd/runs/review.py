@@ -151,12 +151,16 @@ class Review:
         run_dir = self.state.run_dir(rec.id)
         first: list[FileOp] = []
         ops: list[FileOp] = []
+        retyped = [f.path for f in files if f.change == "type_changed"]
         for f in files:
             before, new = Entry.from_json_or_none(f.base), Entry.from_json_or_none(f.after)
             src = proposed_path(run_dir, f.path) if new and new.kind is Kind.FILE else None
             if f.change == "type_changed":
                 first.append(FileOp(f.path, before, None))
                 before = None
+            elif new is None and any(under(f.path, t) and f.path != t for t in retyped):
+                first.append(FileOp(f.path, before, None))  # what the old directory held goes with it
+                continue
             ops.append(FileOp(f.path, before, new, src))
         return [t for t in (first, ops) if t]
 

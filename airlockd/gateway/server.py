@@ -366,7 +366,13 @@ class Gateway:
         client = self._upstream()
         request = client.build_request(method, gate.route.upstream + target, headers=out, content=body)
         try:
-            resp = await client.send(request, stream=True)
+            try:
+                resp = await client.send(request, stream=True)
+            except _STALE as exc:  # a pooled connection the upstream closed while idle: once more, anew
+                log.info(
+                    "gateway: run %s: upstream connection went stale (%s); retrying", gate.run_id, type(exc).__name__
+                )
+                resp = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             log.warning("gateway: upstream unreachable for run %s: %s", gate.run_id, type(exc).__name__)
             return await _respond(conn, writer, 502, {"error": {"message": "the model upstream is unreachable"}})
@@ -418,6 +424,11 @@ class Gateway:
         loop.run_in_executor(None, _quietly, gate.on_refused, reason, {**where, "status": status})
         doc = {"error": {"message": reason, "type": "airlock_gateway", "code": status}}
         await _respond(conn, writer, status, doc, close=True)
+
+
+# What sending on a kept-alive connection that the upstream had closed raises before any byte of
+# a response came back (the request was not taken, so sending it again on a new connection is safe).
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def _path(req: h11.Request) -> str:

@@ -159,3 +159,69 @@ def test_budget_spent_at_the_gateway_stops_the_run(
     assert len(model.seen) == 2
     closed = [json.loads(line) for line in svc.state.audit.read_text().splitlines() if "gateway.closed" in line]
     assert closed and '"budget_cut": true' in json.dumps(closed)
+
+
+HOSTILE = r"""
+import json, os, socket, sys, time, urllib.request, urllib.error
+base, token = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+host, port = base.split("//")[1].split("/")[0].split(":")
+out = {}
+body = json.dumps({"model": "m", "input": "hi"}).encode()
+hdrs = {"authorization": "Bearer " + token, "content-type": "application/json",
+        "OpenAI-Organization": "org-the-agents-choice", "OpenAI-Project": "proj-the-agents-choice",
+        "X-Forwarded-For": "10.0.0.1", "Cookie": "session=stolen", "X-Api-Key": "sk-other-key"}
+with urllib.request.urlopen(urllib.request.Request(base + "/responses", body, hdrs), timeout=20) as r:
+    out["status"] = r.status
+# a body claimed huge: refused on the headers, before a byte of it is read
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(("POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+           "\r\nContent-Length: 99999999999\r\n\r\n").encode())
+out["huge"] = s.recv(200).split(b"\r\n")[0].decode(); s.close()
+# no token at all, with a body that never comes: refused at once, not waited for
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+out["untokened"] = s.recv(200).split(b"\r\n")[0].decode(); s.close()
+# connections held open with headers that never end
+held = []
+for _ in range(30):
+    c = socket.create_connection((host, int(port)), timeout=10)
+    c.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000)
+    held.append(c)
+time.sleep(2)
+with urllib.request.urlopen(urllib.request.Request(base + "/responses", body, hdrs), timeout=20) as r:
+    out["while_held"] = r.status
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_an_agent_cannot_choose_the_account_nor_exhaust_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import resource
+
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    with ScriptedModel(fallback=lambda seen: Reply([message("ok")], usage(3, 1))) as model:
+        ws = make_ws(tmp_path, model.url)
+        with (ws / "policies.toml").open("a") as fh:
+            fh.write('headers = {"OpenAI-Organization" = "org-from-the-policy"}\n')
+        (ws / "hostile.py").write_text(HOSTILE)
+        svc = Service(ws)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rec = svc.execute(svc.submit("bot", "python3 hostile.py").id)
+        out = result(svc, rec.id)
+    assert rec.state in (RunState.PROPOSED, RunState.APPLIED), rec.error
+    assert out["status"] == 200 and out["while_held"] == 200
+    assert out["huge"].startswith("HTTP/1.1 413"), out
+    assert out["untokened"].startswith("HTTP/1.1 401") or out["untokened"].startswith("HTTP/1.1 403"), out
+    assert len(model.seen) == 2  # only the two real requests reached the upstream
+    for seen in model.seen:
+        assert seen.headers["openai-organization"] == "org-from-the-policy"
+        assert "openai-project" not in seen.headers and "cookie" not in seen.headers
+        assert "x-forwarded-for" not in seen.headers, seen.headers
+        assert seen.headers.get("x-api-key") in (None, REAL_KEY)  # where a client puts its key: the real one
+        assert seen.headers["authorization"] == f"Bearer {REAL_KEY}", seen.headers
+    # 30 held connections and a claimed 100 GB body cost this process next to nothing
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 64 * 1024  # KiB
+    events = [json.loads(line) for line in svc.state.audit.read_text().splitlines()]
+    refused = [e for e in events if e.get("kind") == "gateway.refused"]
+    assert any("too large" in json.dumps(e) for e in refused), refused

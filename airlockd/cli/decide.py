@@ -7,13 +7,13 @@ path; acting alone imports the service when it needs it. See docs/daemon.md.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from airlockd.cli.show import RunDoc, print_run, run_doc, run_json
+from airlockd.cli.streams import FilteredText
 from airlockd.errors import AirlockError, UsageError, from_json
 
 if TYPE_CHECKING:
@@ -218,31 +218,14 @@ def service(args: argparse.Namespace, *, recover: bool = False) -> Any:
     return svc.recover() if recover else svc
 
 
-class MaskedText(io.TextIOBase):
+class MaskedText(FilteredText):
     """A text stream whose every write passes the redactor first (`scrub`: the patterns and every
     value this process knows): for plain text, the last net `--json` output has in `_emit`."""
 
-    def __init__(self, raw: TextIO) -> None:
-        self.raw = raw
-
-    def write(self, s: str) -> int:
+    def filter(self, s: str) -> str:
         from airlockd.redact import scrub
 
-        self.raw.write(scrub(s))
-        return len(s)
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-    def isatty(self) -> bool:
-        return self.raw.isatty()
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self.raw.encoding
+        return str(scrub(s))
 
 
 def mask_output() -> None:

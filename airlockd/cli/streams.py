@@ -10,16 +10,18 @@ import sys
 from typing import TextIO
 
 
-class EscapedText(io.TextIOBase):
-    """A text stream whose every write is `names.escape`d (newlines and tabs kept)."""
+class FilteredText(io.TextIOBase):
+    """A text stream whose every write passes `filter` first (`EscapedText`, and the
+    redactor's `decide.MaskedText`)."""
 
     def __init__(self, raw: TextIO) -> None:
         self.raw = raw
 
-    def write(self, s: str) -> int:
-        from airlockd.names import escape
+    def filter(self, s: str) -> str:
+        raise NotImplementedError
 
-        self.raw.write(escape(s))
+    def write(self, s: str) -> int:
+        self.raw.write(self.filter(s))
         return len(s)
 
     def flush(self) -> None:
@@ -34,6 +36,15 @@ class EscapedText(io.TextIOBase):
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return self.raw.encoding
+
+
+class EscapedText(FilteredText):
+    """Every write `names.escape`d (newlines and tabs kept)."""
+
+    def filter(self, s: str) -> str:
+        from airlockd.names import escape
+
+        return escape(s)
 
 
 def escape_output() -> None:

@@ -6,11 +6,12 @@ diff) has passed the run's redactor."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from pathlib import Path
 
 from airlockd.names import display, under
@@ -177,24 +178,35 @@ def scan_file(path: Path, scanner: SecretScanner, redactor: Redactor) -> str | N
     overlap wider than any secret or known value, so none hides across a chunk's edge), or
     WITHHELD_VALUE for a value `redactor` knows; None when clean or unreadable (not a regular
     file: never follows a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        overlap = max([scanner.overlap, *(len(v.encode()) for v in redactor.values())])
-        tail = b""
-        while chunk := os.read(fd, CHUNK):
+    overlap = max([scanner.overlap, *(len(v.encode()) for v in redactor.values())])
+    tail = b""
+    with contextlib.closing(regular_chunks(path)) as chunks:
+        for chunk in chunks:
             window = tail + chunk
             hit = scan_bytes(window, scanner, redactor)
             if hit is not None:
                 return hit
             tail = window[-overlap:]
-        return None
+    return None
+
+
+def regular_chunks(path: Path, limit: int | None = None) -> Generator[bytes, None, None]:
+    """The bytes of the regular file at `path`, CHUNK at a time (with `limit`, that many and one
+    more at most); nothing for a node that is not a regular file, never through a link, and
+    nothing more once a read fails."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return None
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        left = -1 if limit is None else limit + 1
+        while left != 0 and (chunk := os.read(fd, CHUNK if left < 0 else min(CHUNK, left))):
+            yield chunk
+            left = -1 if left < 0 else left - len(chunk)
+    except OSError:
+        return
     finally:
         os.close(fd)
 
@@ -221,30 +233,12 @@ def hidden_in(run_dir: Path, changes: Iterable[Change], *, max_bytes: int) -> di
         after = c.after
         if after is None or after.kind is not Kind.FILE or after.sha256 is None or after.size > max_bytes:
             continue
-        data = _read_regular(proposed_path(run_dir, c.path), max_bytes)
-        if data is None or is_binary(data):
+        with contextlib.closing(regular_chunks(proposed_path(run_dir, c.path), max_bytes)) as chunks:
+            data = b"".join(chunks)
+        if not data or is_binary(data):
             continue
         for what, pattern in _HIDDEN_BYTES:
             if pattern.search(data):
                 found[c.path] = what
                 break
     return found
-
-
-def _read_regular(path: Path, limit: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        parts, left = [], limit + 1
-        while left > 0 and (chunk := os.read(fd, min(CHUNK, left))):
-            parts.append(chunk)
-            left -= len(chunk)
-        return b"".join(parts)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

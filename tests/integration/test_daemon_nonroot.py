@@ -138,3 +138,60 @@ def test_the_users_editor_takes_over_and_the_cli_becomes_its_client(person: Pers
     finally:
         editor.stdin.close()  # type: ignore[union-attr]
         editor.wait(30)
+
+
+def _own(person: Person, path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    pw = pwd.getpwuid(person.uid)
+    for p in [path, *path.parents]:
+        if p == person.ws.parent:
+            break
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+
+
+def test_a_user_gets_secrets_absent_and_the_reviewers_protections_too(person: Person) -> None:
+    """The withholding (by name in any case, by identity, inside an archive, in the history) and
+    the protections after the container (bounds, marks, escapes) as the user runs them."""
+    import io
+    import zipfile
+
+    value = "Zq8-nonroot-withheld-xK31"
+    _own(person, person.ws / "sub" / ".ENV", f"DB_PASSWORD={value}\n".encode())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("deploy/.env", f"TOKEN={value}\n")
+    _own(person, person.ws / "bundle.zip", buf.getvalue())
+    os.link(person.ws / "sub" / ".ENV", person.ws / "notes.txt")  # a hard link under an innocent name
+    subprocess.run(as_user(person.uid, ["git", "-C", str(person.ws), "init", "-q"]), check=True, env=person.env())
+    hunt = (
+        "cat sub/.ENV notes.txt 2>&1; ls; git log --all -p 2>/dev/null | head -50; "
+        r"printf 'x\033[8mhidden\033[0m\n' > shown.py; printf 'print(1)\n' > s$(printf '\320\265')tup.py"
+    )
+    code, run, err = person.cli("run", "--agent", "bot", "--wait", hunt)
+    assert code == 0 and run["state"] == "proposed", (run, err)
+    withheld = {w["path"] for w in run["withheld"]}
+    assert {"sub/.ENV", "bundle.zip", "notes.txt"} <= withheld, withheld
+    log = next(person.state.glob(f"*/runs/{run['id']}/output.log")).read_text()
+    assert value not in log and "bundle.zip" not in log.split("notes.txt")[-1]
+    by = {f["path"]: f for f in run["files"]}
+    assert by["shown.py"]["rule"] == "invariant:hidden-characters" and by["shown.py"]["marks"]
+    assert by["s\u0435tup.py"]["rule"] == "invariant:confusable-name"
+    diff = subprocess.run(
+        as_user(
+            person.uid, [str(person.prefix / "bin" / "airlockd"), "--workspace", str(person.ws), "diff", run["id"]]
+        ),
+        capture_output=True,
+        text=True,
+        env=person.env(),
+        cwd="/",
+    )
+    assert diff.returncode == 0 and "\x1b" not in diff.stdout and "\\x1b[8m" in diff.stdout
+    # a flood past the bound ends the run at inspection, as for root
+    with (person.ws / "policies.toml").open("a") as fh:
+        fh.write("changed_files = 100\n")
+    code, run, err = person.cli("run", "--agent", "bot", "--wait", "for i in $(seq 1 300); do : > f$i; done")
+    assert code == 4 and run["state"] == "limit_exceeded" and run["limit"]["limit"] == "changed_files", (run, err)
+    for p in person.state.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            assert value.encode() not in p.read_bytes(), p

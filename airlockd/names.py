@@ -123,7 +123,7 @@ def marks(path: str) -> list[str]:
     out = []
     if any(ch in BIDI for ch in path):
         out.append("bidirectional control in the name")
-    elif not path.isprintable():
+    elif has_hidden(path, keep=""):
         out.append("hidden character in the name")
     look = confusable(path)
     if look is not None:

@@ -38,7 +38,7 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from airlockd.names import confusable, display
+from airlockd.names import confusable, display, has_hidden
 from airlockd.pathmatch import AnyPattern
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import POLICY_FILE, Decision, Policy
@@ -122,7 +122,7 @@ def _name_problem(path: str) -> _Verdict | None:
         )
     if any(unicodedata.category(ch) == "Cc" or ch in _BIDI for ch in path):
         return _deny("unsafe-name", "name contains a newline, a control or a bidirectional character")
-    if not path.isprintable():
+    if not path.isprintable() or has_hidden(path, keep=""):
         return _review("unusual-name", "name contains invisible or unassigned characters")
     return None
 

@@ -158,3 +158,10 @@ def test_every_cli_write_in_plain_text_is_escaped() -> None:
 def test_blank_fillers_python_calls_printable_are_escaped_too(ch: str) -> None:
     assert escape(f"a{ch}b") == f"a\\u{ord(ch):04x}b"
     assert display(f"x{ch}.py") == f"x\\u{ord(ch):04x}.py"
+
+
+@pytest.mark.parametrize("name", ["a\u3164.py", "x\u200b.py", "\u115fsetup.py", "b\ufe0f.md"])
+def test_a_name_with_an_invisible_filler_is_reviewed_and_marked(permissive: Policy, name: str) -> None:
+    (c,) = classify([_file(name)], permissive, ())
+    assert (c.decision, c.rule) == (Decision.REVIEW, "invariant:unusual-name")
+    assert marks(name) == ["hidden character in the name"]

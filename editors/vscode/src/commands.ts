@@ -3,7 +3,7 @@
 
 import * as vscode from "vscode";
 
-import { display, displayAll, escape, markLines, pathLabel } from "./logic/escape";
+import { display, displayAll, displayLabel, escape, escapeIcons, markLines, pathLabel } from "./logic/escape";
 import type { AgentInfo, ApproveResult, Decision, Evidence, Proposal, KnownRun, RunResult, RunSummary } from "./logic/protocol";
 import { ErrorCode, isLive } from "./logic/protocol";
 import {
@@ -13,8 +13,10 @@ import {
   hunkAt,
   hunkAtProposed,
   hunkDecision,
+  markedDetail,
+  markedFiles,
   pendingFiles,
-
+  plural,
   proposedLineOf,
   runFor,
   step,
@@ -115,7 +117,7 @@ export class Commands {
           label: a.agent,
           description: [a.adapter, a.mode].filter(Boolean).join(" · "),
           detail: a.quarantined
-            ? `$(error) quarantined: ${display(a.reason ?? "limit violations")}`
+            ? `$(error) quarantined: ${displayLabel(a.reason ?? "limit violations")}`
             : `${a.runsUsed} runs, ${a.tokensUsed} tokens used`,
         })),
         { title: "Airlock: Run Agent Task", placeHolder: "Which agent?" },
@@ -170,7 +172,7 @@ export class Commands {
       runs.map((r) => ({
         label: r.runId,
         description: `${r.agent} · ${r.state}`,
-        detail: display(r.prompt),
+        detail: displayLabel(r.prompt),
         run: r,
       })),
       { placeHolder },
@@ -197,7 +199,7 @@ export class Commands {
         return;
       }
       const pick = await vscode.window.showQuickPick(
-        benched.map((a) => ({ label: a.agent, detail: display(a.reason ?? ""), agent: a })),
+        benched.map((a) => ({ label: a.agent, detail: displayLabel(a.reason ?? ""), agent: a })),
         { placeHolder: "Release which agent from quarantine?" },
       );
       chosen = pick?.agent;
@@ -282,9 +284,9 @@ export class Commands {
     if (!target) {
       const items = this.d.state.open().flatMap((p) =>
         pendingFiles(p).map((f) => ({
-          label: pathLabel(f.path, f.marks),
+          label: escapeIcons(pathLabel(f.path, f.marks)),
           description: `run ${p.runId} · ${f.change}`,
-          detail: f.marks?.length ? markLines(f.marks).join(" · ") : undefined,
+          detail: f.marks?.length ? escapeIcons(markLines(f.marks).join(" · ")) : undefined,
           t: { runId: p.runId, path: f.path },
         })),
       );
@@ -346,9 +348,19 @@ export class Commands {
     return this.decide(kind, fileDecision(target.runId, target.path));
   }
 
+  /** Accept or reject everything pending in a run; accepting a run with marked files asks first. */
   async decideAll(kind: "approve" | "reject", run?: string): Promise<ApproveResult | undefined> {
     const p = await this.pickProposal(run);
     if (!p) return undefined;
+    const marked = kind === "approve" ? markedFiles(p) : [];
+    if (marked.length) {
+      const ok = await vscode.window.showWarningMessage(
+        `Accept everything pending in run ${p.runId}, ${plural(marked.length, "marked file")} included?`,
+        { modal: true, detail: markedDetail(marked) },
+        "Accept all",
+      );
+      if (ok !== "Accept all") return undefined;
+    }
     return this.decide(kind, allDecision(p.runId));
   }
 

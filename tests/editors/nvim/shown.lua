@@ -181,4 +181,53 @@ it('messages, the statusline, errors and the evidence printer escape what they s
   all_shown(said)
 end)
 
+it('accept all asks first when a pending file is marked: its path escaped and its marks; cancel sends nothing', function()
+  state.reset()
+  state.on_proposal(proposal())
+  local sent, asked, said, answer = {}, {}, {}, false
+  local command, confirm, notify = lsp.command, review.confirm, vim.notify
+  lsp.command = function(name, args, cb)
+    table.insert(sent, { name, args })
+    cb(nil, { runId = 'r1', state = 'proposed', applied = {}, conflicts = {} })
+  end
+  review.confirm = function(question)
+    table.insert(asked, question)
+    return answer
+  end
+  vim.notify = function(msg)
+    table.insert(said, msg)
+  end
+  local ok, err = pcall(function()
+    review.decide('accept', 'all')
+    eq({}, sent, 'cancelled: nothing is sent')
+    eq({
+      'Accept everything pending in run r1, 2 marked files included?',
+      LOOKALIKE,
+      '  ⚠ ' .. LOOKALIKE_MARK,
+      '  ⚠ the proposed text holds a terminal escape (ESC): shown escaped',
+      'new\\u200b.py',
+      '  ⚠ hidden character in the name',
+    }, vim.split(asked[1], '\n'))
+    eq('airlock: nothing accepted (run r1 has marked files)', said[1])
+    answer = true
+    vim.cmd('Airlock accept all')
+    eq({ { 'approve', { runId = 'r1' } } }, sent, 'confirmed: the whole run')
+    review.decide('accept', 'file', LOOKALIKE)
+    review.decide('reject', 'all')
+    eq({ 'approve', { runId = 'r1', paths = { LOOKALIKE } } }, sent[2], 'one file')
+    eq({ 'reject', { runId = 'r1' } }, sent[3])
+    local plain = proposal()
+    for _, f in ipairs(plain.files) do
+      f.marks = nil
+    end
+    state.on_proposal(plain)
+    review.decide('accept', 'all')
+    eq({ 'approve', { runId = 'r1' } }, sent[4], 'nothing marked')
+    eq(2, #asked, 'asked only for a whole run with marked files')
+  end)
+  lsp.command, review.confirm, vim.notify = command, confirm, notify
+  assert(ok, err)
+  all_shown(vim.split(asked[1], '\n'))
+end)
+
 t.finish()

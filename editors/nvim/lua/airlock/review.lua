@@ -326,8 +326,32 @@ local function selection_path(arg)
   return M.path_of(vim.api.nvim_get_current_buf())
 end
 
+--- Pending files of `p` whose change the daemon marked (look-alike name, hidden characters, …).
+function M.marked(p)
+  return vim.tbl_filter(function(f)
+    return f.state == 'pending' and #esc.marks(f) > 0
+  end, p and p.files or {})
+end
+
+--- Ask `question` (accepting a whole run with marked files); true to go on. The specs replace it.
+function M.confirm(question)
+  return vim.fn.confirm(question, '&Accept all\n&Cancel', 2, 'Warning') == 1
+end
+
+local function accept_all_question(p, marked)
+  local lines = { string.format('Accept everything pending in run %s, %d marked file%s included?', p.runId, #marked, #marked == 1 and '' or 's') }
+  for _, f in ipairs(marked) do
+    table.insert(lines, esc.display(f.path))
+    for _, m in ipairs(esc.marks(f)) do
+      table.insert(lines, '  ' .. m)
+    end
+  end
+  return table.concat(lines, '\n')
+end
+
 --- Accept or reject: scope 'hunk' (at the cursor), 'file' (path arg, quickfix item or this buffer)
---- or 'all'. cb(err, result) when the daemon answered.
+--- or 'all' (accepting a run with marked files asks first: M.confirm). cb(err, result) when the
+--- daemon answered.
 function M.decide(verb, scope, arg, cb)
   local p = state.active_proposal()
   local function fail(msg)
@@ -369,6 +393,10 @@ function M.decide(verb, scope, arg, cb)
     what = esc.display(path)
   elseif scope == 'all' then
     what = 'everything pending'
+    local marked = verb == 'accept' and M.marked(p) or {}
+    if #marked > 0 and not M.confirm(accept_all_question(p, marked)) then
+      return fail('nothing accepted (run ' .. p.runId .. ' has marked files)')
+    end
   else
     return fail('accept/reject take hunk, file or all')
   end

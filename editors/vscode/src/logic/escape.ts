@@ -31,6 +31,23 @@ export function display(text: string): string {
   return escape(text, "");
 }
 
+// `$(name)` and `$(name~spin)` as VS Code's renderLabelWithIcons draws them (ThemeIcon's name and
+// modifier expressions); `$(` followed by anything else is drawn as it is.
+const ICON = /\$\((?=[A-Za-z0-9-]+(?:~[A-Za-z]+)?\))/g;
+
+/** `text` for a place that draws `$(name)` as an icon (quick-pick label, description and detail,
+ * code lens titles, status bar text): each `$(name)` written `\$(name)`, VS Code's own escape, so it
+ * is shown as written (an agent's own `\$(name)` becomes `\\$(name)` and shows as `\$(name)`). Not
+ * for tree items, tooltips, messages or dialogs: they draw no icons and would show the backslash. */
+export function escapeIcons(text: string): string {
+  return text.replace(ICON, () => "\\$(");
+}
+
+/** `display` for a place that draws icons: one line, hidden characters and `$(name)` escaped. */
+export function displayLabel(text: string): string {
+  return escapeIcons(display(text));
+}
+
 /** Paths (or names) for a message: each escaped, joined by ", ". */
 export function displayAll(items: readonly string[]): string {
   return items.map(display).join(", ");

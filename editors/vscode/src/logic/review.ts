@@ -1,7 +1,7 @@
 /** Review logic over the daemon's proposals: which hunks are pending, where they are, the proposed
  * text of a file, navigation and the selections sent to `airlock.approve`. No `vscode` import. */
 
-import { escape } from "./escape";
+import { display, escape, markLines } from "./escape";
 import type { Decision, FileChange, Hunk, Proposal } from "./protocol";
 
 /** `text` split into lines that keep their endings (`\r\n`, `\n` or `\r`), as airlockd splits. */
@@ -27,6 +27,17 @@ export function pendingChanges(f: FileChange): number {
 
 export function pendingFiles(p: Proposal): FileChange[] {
   return p.state === "proposed" ? p.files.filter((f) => pendingChanges(f) > 0) : [];
+}
+
+/** Pending files whose change the daemon marked (a look-alike name, hidden characters, escapes in
+ * the text): accepting the whole run names them first. */
+export function markedFiles(p: Proposal): FileChange[] {
+  return pendingFiles(p).filter((f) => f.marks?.length);
+}
+
+/** Marked files for a dialog's plain-text detail: each path escaped, its marks below it. */
+export function markedDetail(files: readonly FileChange[]): string {
+  return files.map((f) => [display(f.path), ...markLines(f.marks).map((m) => `  ${m}`)].join("\n")).join("\n");
 }
 
 export interface ReviewCount {

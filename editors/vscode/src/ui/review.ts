@@ -4,7 +4,7 @@
 
 import * as vscode from "vscode";
 
-import { display, fenced, markLines } from "../logic/escape";
+import { display, escapeIcons, fenced, markLines } from "../logic/escape";
 import type { FileChange, Proposal } from "../logic/protocol";
 import { diffText, hunkAnchor, hunkAt, hunkLines, pendingHunks, plural, proposedText, type HunkRef } from "../logic/review";
 import type { AirlockState } from "../logic/state";
@@ -153,7 +153,7 @@ export class ReviewLenses implements vscode.CodeLensProvider {
       if (marks.length) {
         // text, not a command: what the reviewer must know before trusting how the file looks
         const top = new vscode.Range(0, 0, 0, 0);
-        out.push(new vscode.CodeLens(top, { title: marks.join(" · "), tooltip: marks.join("\n"), command: "" }));
+        out.push(new vscode.CodeLens(top, { title: escapeIcons(marks.join(" · ")), tooltip: marks.join("\n"), command: "" }));
       }
       for (const t of targets) {
         const range = new vscode.Range(t.line, 0, t.line, 0);

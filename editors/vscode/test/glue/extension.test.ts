@@ -11,7 +11,7 @@ import * as vscode from "vscode";
 
 import type { Daemon } from "../../src/logic/state";
 import { activateWith, type Extension } from "../../src/main";
-import { ATTACKS, LOOKALIKE, LOOKALIKE_MARK, MOD, UNDRAWN, hostileProposal, modProposal } from "../unit/fixtures";
+import { ATTACKS, LOOKALIKE, LOOKALIKE_MARK, MOD, UNDRAWN, file, hostileProposal, hunk, modProposal, proposal } from "../unit/fixtures";
 import * as stub from "./vscode-stub";
 
 const world = stub.world;
@@ -178,6 +178,57 @@ test("names, reasons and text an agent chose are shown escaped; marks are shown;
   assert.ok(world.messages.some((m) => m.text.includes(`${LOOKALIKE}\\x1b[2K changed since the run`)));
 
   for (const t of shown) assert.doesNotMatch(t, UNDRAWN, JSON.stringify(t));
+});
+
+test("$(name) in a path or mark is shown as written where VS Code draws icons, and as it is elsewhere", async () => {
+  const ICONIC = "$(check) approved.py";
+  const MARK = "look-alike name: reads as '$(pass) ok'";
+  fs.writeFileSync(path.join(root, ICONIC), MOD);
+  daemon.notify("airlock/proposal", proposal([file(ICONIC, [hunk("h1", 0, "line 1\n", "one\n")], { marks: [MARK] }), file("src/new.py", [])]));
+
+  const doc = await vscode.workspace.openTextDocument(vscode.Uri.file(path.join(root, ICONIC)));
+  const lenses = world.lensProviders[0].provideCodeLenses(doc as never);
+  assert.equal(lenses[0].command!.title, "⚠ look-alike name: reads as '\\$(pass) ok'", "a lens title draws icons");
+  assert.equal(lenses[0].command!.tooltip, `⚠ ${MARK}`, "a tooltip does not");
+
+  world.answers.quickPick.push(() => undefined);
+  await vscode.commands.executeCommand("airlockd.openDiff");
+  const item = (world.quickPicks[0] as { label: string; detail?: string }[])[0];
+  assert.equal(item.label, "⚠ \\$(check) approved.py");
+  assert.equal(item.detail, "⚠ look-alike name: reads as '\\$(pass) ok'");
+
+  const [run] = world.trees.get("airlock.review")!.getChildren() as { children: { label: string }[] }[];
+  assert.equal(run.children[0].label, `⚠ ${ICONIC}`, "a tree item draws no icons: no backslash");
+
+  world.answers.warning.push(undefined);
+  await vscode.commands.executeCommand("airlockd.acceptAll");
+  assert.equal(world.messages.at(-1)!.options!.detail, `${ICONIC}\n  ⚠ ${MARK}`, "nor does a dialog");
+});
+
+test("accept all asks first when a pending file is marked: its path and marks; no answer, nothing sent", async () => {
+  daemon.notify("airlock/proposal", hostileProposal());
+  daemon.answers["airlock.approve"] = () => ({ runId: "r1", state: "applied", applied: [], conflicts: [] });
+  daemon.answers["airlock.reject"] = () => ({ runId: "r1", state: "rejected" });
+  world.answers.warning.push(undefined);
+  await vscode.commands.executeCommand("airlockd.acceptAll");
+  assert.deepEqual(daemon.sent("airlock.approve"), [], "cancelled: nothing is sent");
+  const asked = world.messages.at(-1)!;
+  assert.equal(asked.text, "Accept everything pending in run r1, 1 marked file included?");
+  assert.equal(asked.options?.modal, true);
+  assert.deepEqual(asked.items, ["Accept all"]);
+  assert.equal(asked.options?.detail, `${LOOKALIKE}\n  ⚠ ${LOOKALIKE_MARK}\n  ⚠ the proposed text holds a terminal escape (ESC): shown escaped`);
+
+  world.answers.warning.push("Accept all");
+  await vscode.commands.executeCommand("airlockd.acceptAll", "r1");
+  assert.deepEqual(daemon.sent("airlock.approve"), [{ runId: "r1" }]);
+
+  const before = world.messages.length;
+  daemon.notify("airlock/proposal", hostileProposal());
+  await vscode.commands.executeCommand("airlockd.acceptFile", { runId: "r1", path: LOOKALIKE });
+  await vscode.commands.executeCommand("airlockd.rejectAll", "r1");
+  assert.deepEqual(daemon.sent("airlock.approve"), [{ runId: "r1" }, { runId: "r1", paths: [LOOKALIKE] }], "one file: not asked");
+  assert.deepEqual(daemon.sent("airlock.reject"), [{ runId: "r1" }], "reject all: not asked");
+  assert.equal(world.messages.slice(before).filter((m) => m.options?.modal).length, 0);
 });
 
 test("accept hunk sends airlock.approve with that hunk, reverts the clean buffer, never applies an edit", async () => {

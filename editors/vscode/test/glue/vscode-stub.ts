@@ -128,7 +128,7 @@ export const world = {
   commands: new Map<string, (...args: unknown[]) => unknown>(),
   executed: [] as { command: string; args: unknown[] }[],
   context: new Map<string, unknown>(),
-  messages: [] as { level: string; text: string }[],
+  messages: [] as { level: string; text: string; options?: { modal?: boolean; detail?: string }; items?: string[] }[],
   quickPicks: [] as unknown[][],
   answers: { quickPick: [] as ((items: { label: string }[]) => unknown)[], inputBox: [] as (string | undefined)[], warning: [] as (string | undefined)[] },
   statusItems: [] as StatusBarItem[],
@@ -216,8 +216,9 @@ export const window = {
     world.messages.push({ level: "info", text });
     return undefined;
   },
-  showWarningMessage: async (text: string) => {
-    world.messages.push({ level: "warning", text });
+  showWarningMessage: async (text: string, ...rest: unknown[]) => {
+    const options = typeof rest[0] === "object" ? (rest.shift() as { modal?: boolean; detail?: string }) : undefined;
+    world.messages.push({ level: "warning", text, options, items: rest as string[] });
     return world.answers.warning.shift();
   },
   showErrorMessage: async (text: string) => {

@@ -1,11 +1,11 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { display, displayAll, escape, fenced, hasHidden, markLines, pathLabel } from "../../src/logic/escape";
+import { display, displayAll, displayLabel, escape, escapeIcons, fenced, hasHidden, markLines, pathLabel } from "../../src/logic/escape";
 import { evidenceTree, type Node } from "../../src/logic/evidence";
 import type { Evidence } from "../../src/logic/protocol";
-import { diffText } from "../../src/logic/review";
-import { ATTACKS, LOOKALIKE, LOOKALIKE_MARK, UNDRAWN } from "./fixtures";
+import { diffText, markedDetail, markedFiles } from "../../src/logic/review";
+import { ATTACKS, LOOKALIKE, LOOKALIKE_MARK, UNDRAWN, file, hostileProposal, proposal } from "./fixtures";
 
 test("each attack is escaped as airlockd's names.escape writes it; lines stay lines", () => {
   for (const [name, [attack, want]] of Object.entries(ATTACKS)) {
@@ -34,6 +34,39 @@ test("marks and labels: ⚠ in front, escaped", () => {
   assert.equal(pathLabel(LOOKALIKE, [LOOKALIKE_MARK]), `⚠ ${LOOKALIKE}`);
   assert.equal(pathLabel("evil\u202etxt.exe", []), "evil\\u202etxt.exe");
   assert.equal(displayAll(["a\x1b", "b\n"]), "a\\x1b, b\\n");
+});
+
+/** What VS Code draws of a label with icons (its renderLabelWithIcons): the text, and the icons. */
+function drawn(label: string): { text: string; icons: string[] } {
+  const icons: string[] = [];
+  const text = label.replace(/(\\)?\$\(([A-Za-z0-9-]+(?:~[A-Za-z]+)?)\)/g, (_, escaped: string | undefined, name: string) => {
+    if (escaped) return `$(${name})`;
+    icons.push(name);
+    return "";
+  });
+  return { text, icons };
+}
+
+test("$(name) in a label, lens or status text an agent chose is shown as written, never as an icon", () => {
+  for (const s of ["$(check) approved.py", "a$(sync~spin)b", "$(pass)$(pass)", "a\\$(check).py", "\\\\$(x)", "$(check"]) {
+    assert.deepEqual(drawn(escapeIcons(s)), { text: s, icons: [] }, s);
+  }
+  assert.equal(escapeIcons("$(check) ok"), "\\$(check) ok");
+  assert.equal(escapeIcons("$(not an icon) $5 (x) $() $(a~1)"), "$(not an icon) $5 (x) $() $(a~1)", "drawn as it is: left alone");
+  assert.equal(displayLabel("$(check)\x1b[8m\n"), "\\$(check)\\x1b[8m\\n");
+  assert.deepEqual(drawn(`$(error) quarantined: ${displayLabel("$(pass) fine")}`), { text: " quarantined: $(pass) fine", icons: ["error"] });
+});
+
+test("accept all: the marked pending files, each path escaped with its marks", () => {
+  assert.deepEqual(markedFiles(hostileProposal()).map((f) => f.path), [LOOKALIKE], "a denied change is never accepted: not listed");
+  const p = proposal([
+    file("a\u202e.py", [], { marks: ["bidirectional control in the name"] }),
+    file("b.py", [], { marks: [] }),
+    file("c.py", [], { marks: ["x"], state: "accepted" }),
+  ]);
+  assert.deepEqual(markedFiles(p).map((f) => f.path), ["a\u202e.py"]);
+  assert.equal(markedDetail(markedFiles(p)), "a\\u202e.py\n  ⚠ bidirectional control in the name");
+  assert.equal(markedFiles(proposal([file("d.py", [])])).length, 0);
 });
 
 test("a hunk for a hover: each line escaped, CRLF endings are not shown, no fence can be closed", () => {

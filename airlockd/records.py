@@ -163,6 +163,7 @@ class RunRecord(_Record):
     tokens_source: str | None = None
     output_bytes: int = 0
     staged_bytes: int = 0
+    staged_entries: int = 0  # inodes of the capped staging before the agent ran (0: unknown or uncapped)
     growth_bytes: int = 0
     growth_capped: bool = False
     stager: str = "copy"  # "overlay" (mirror + per-run upper layer) or "copy" (full copy); see docs/staging.md

@@ -111,6 +111,7 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
 
     def record(r: RunRecord) -> None:
         r.withheld, r.staged_bytes, r.growth_capped = withheld, staged.staged_bytes, capped
+        r.staged_entries = staged.staged_entries
         r.stager = stager.name
 
     return svc.store.update_run(rec.id, record)

@@ -134,10 +134,29 @@ def reattach(svc: Service, rec: RunRecord) -> bool:
 
 def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
     """A run that ended badly keeps its staging copy, moved off its capped tmpfs to disk so
-    it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on)."""
+    it costs no memory (`cp -a`: it may hold fifos, which a Python copy would block on) — when
+    what the agent added is within the policy's change-set bounds. A larger one (a flood of
+    files, a disk filler) would cost the host what the agent chose to write: it is dropped, and
+    `staging.dropped` in the run's folder and the audit trail say how large it was."""
     staging = svc.state.run_dir(rec.id) / "staging"
     stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
     if not capfs.is_mount(staging):
+        return
+    limits = svc.policy.agent(rec.agent).limits
+    added_entries = capfs.used_entries(staging) - rec.staged_entries
+    added_bytes = capfs.used_bytes(staging) - rec.staged_bytes
+    if added_entries > limits.changed_files or added_bytes > limits.changed_mb * 2**20:
+        why = (
+            f"the agent added {added_entries} entries and {added_bytes} bytes to its copy, over the"
+            f" policy's changed_files ({limits.changed_files}) or changed_mb ({limits.changed_mb}):"
+            " not copied to disk for inspection"
+        )
+        svc.audit.append(
+            "stage.dropped", run=rec.id, agent=rec.agent, policy=rec.policy_revision,
+            entries=added_entries, bytes=added_bytes, why=why,
+        )  # fmt: skip
+        cleanup_staging(svc, rec)
+        (staging.parent / "staging.dropped").write_text(why + "\n")
         return
     kept = staging.with_name("staging.kept")
     kept.mkdir(exist_ok=True)

@@ -51,6 +51,7 @@ class Staged:
     staged_bytes: int  # what the staging holds before the agent starts
     live_tree: dict[str, object] | None = None  # the workspace's digest as staged, when known
     mirror: dict[str, object] = field(default_factory=dict)  # the mirror refresh's figures
+    staged_entries: int = 0  # inodes the capped staging holds before the agent starts (0: not capped)
 
 
 class Base(Protocol):

@@ -63,6 +63,12 @@ def used_bytes(path: Path) -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def used_entries(path: Path) -> int:
+    """Inodes in use on the filesystem at `path` (every file, directory and link on it)."""
+    st = os.statvfs(path)
+    return st.f_files - st.f_ffree
+
+
 def is_mount(path: Path) -> bool:
     return os.path.ismount(path)
 

@@ -187,7 +187,8 @@ class OverlayStager:
         relabelled = len(result.withheld) != before
         tree = view.live_tree if view.live_tree and not relabelled else live_tree_of(req.workspace, result)
         mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
-        return Staged(result, capfs.used_bytes(staging) if req.capped else 0, tree, mirror)
+        entries = capfs.used_entries(staging) if req.capped else 0
+        return Staged(result, capfs.used_bytes(staging) if req.capped else 0, tree, mirror, entries)
 
     def staged_root(self, run_dir: Path) -> Path:
         return run_dir / "staging" / "upper"
@@ -238,7 +239,8 @@ class CopyStager:
         if req.capped:  # the agent may add `growth` bytes to what was staged, and not one more
             capfs.resize(staging, capfs.used_bytes(staging) + req.growth, inodes=_inodes(result, req.growth))
         save_manifest(result.base, req.run_dir / "base.json")
-        return Staged(result, capfs.used_bytes(staging) if req.capped else result.bytes)
+        entries = capfs.used_entries(staging) if req.capped else 0
+        return Staged(result, capfs.used_bytes(staging) if req.capped else result.bytes, staged_entries=entries)
 
     def staged_root(self, run_dir: Path) -> Path:
         return run_dir / "staging"

@@ -124,6 +124,11 @@ def test_a_flood_or_a_deep_tree_ends_the_run_at_the_bound_through_both_cli_doors
     exceeded = [e for e in audit if e["kind"] == "limit.exceeded"]
     assert {e["run"] for e in exceeded} == {flood["id"], deep["id"]}
     assert _cli(ws, "audit", "--verify").returncode == 0
+    # the flood is not copied to disk for inspection: that would cost what the agent chose
+    if flood["growth_capped"]:
+        dropped = next(_state_dir.glob(f"*/runs/{flood['id']}/staging.dropped")).read_text()
+        assert "changed_files (200)" in dropped
+        assert any(e["kind"] == "stage.dropped" and e["run"] == flood["id"] for e in audit)
     # a third violation in a row quarantines the agent (quarantine_after = 3)
     _over_a_bound(ws, FLOOD, "changed_files", 200, daemon=True)
     refused = _cli(ws, "--json", "run", "--agent", "bot", "--wait", "true", daemon=True)

@@ -255,6 +255,9 @@ export interface Limits {
   tmpfs_mb?: number;
   workspace_growth_mb?: number;
   grace_s?: number;
+  changed_files?: number;
+  change_depth?: number;
+  changed_mb?: number;
 }
 export interface Admission {
   max_prompt_bytes?: number;

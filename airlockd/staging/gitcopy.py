@@ -540,9 +540,9 @@ class Repo:
                 shutil.rmtree(p)
             elif p.exists() or p.is_symlink():
                 p.unlink()
-        entries = [
-            state.files[p].packed for p in sorted(state.files, key=lambda p: p.encode("utf-8", "surrogateescape"))
-        ]
+        if state.order is None or len(state.order) != len(state.files):  # a path came or went
+            state.order = sorted(state.files, key=lambda p: p.encode("utf-8", "surrogateescape"))
+        entries = [state.files[p].packed for p in state.order]
         body = b"DIRC" + struct.pack(">II", 2, len(entries)) + b"".join(entries)
         self._replace("index", body + hashlib.sha1(body).digest(), mode=0o644)
         ist = os.lstat(self.dotgit / "index")

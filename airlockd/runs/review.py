@@ -251,20 +251,27 @@ class Review:
         conflicts = list(dirty_hits)
         done: list[Applied] = []
         todo = [f for f in chosen if f.path not in dirty_hits]
+        used = 0
         while todo and (allow_conflict or not conflicts):
+            attempt: list[Applied] = []  # the transactions of this try (two when a path changes type)
             try:
                 for ops in self._ops(rec, todo):
-                    txid = self._txid(rec, len(rec.applied) + len(done) + 1)
+                    used += 1  # never reused: a reversed transaction keeps its journal and backups
+                    txid = self._txid(rec, len(rec.applied) + used)
                     result = commit(self.workspace, self.state.journal, self.state.backups, txid, ops)
-                    done.append(Applied(txid=txid, paths=result.applied, at=time.time()))
-                    todo = [f for f in todo if f.path not in result.applied or f.change == "type_changed"]
+                    attempt.append(Applied(txid=txid, paths=result.applied, at=time.time()))
             except ConflictError as exc:
+                # A later transaction found a conflict: what this try landed before it goes back,
+                # so "nothing was written" is true (a directory is never left removed for a file
+                # that did not come); what could not be reversed stays recorded, for undo.
+                done.extend(self._reverse(attempt))
                 conflicts.extend(exc.paths)
                 todo = [f for f in todo if f.path not in set(exc.paths)]
                 continue
             except CommitError as exc:
                 # That transaction was rolled back; the ones this decision landed before it are
                 # reversed too, so the decision is all or nothing and the run decidable again.
+                done.extend(attempt)
                 kept = self._reverse(done)
                 rec = self.store.update_run(
                     rec.id, functools.partial(self._mark, done=kept, conflicts=conflicts, unsaved=dirty_hits)
@@ -280,6 +287,7 @@ class Review:
                     kept=[a.txid for a in kept],
                 )
                 raise
+            done.extend(attempt)
             break
         applied = sorted({p for a in done for p in a.paths})
         rec = self.store.update_run(rec.id, lambda r: self._mark(r, done, conflicts, dirty_hits))

@@ -337,3 +337,44 @@ def test_a_decision_whose_second_transaction_fails_is_reversed_whole_and_can_be_
     monkeypatch.setattr(review_mod, "commit", real_commit)
     got = svc.review.approve(rec.id)
     assert "src/a.py" in got.applied and (ws / "notes.txt" / "index.md").read_text() == "# notes\n"
+
+
+def test_a_conflict_in_a_decisions_second_transaction_leaves_nothing_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same two transactions, the second refused by a conflict (the live workspace moved):
+    the first is reversed, so "nothing was written" is true, the type change is not taken for
+    landed, and once the conflict is gone the decision lands whole."""
+    import airlockd.runs.review as review_mod
+    from airlockd.errors import ConflictError
+
+    def agent(s: Path) -> bytes:
+        (s / "notes.txt").unlink()
+        (s / "notes.txt").mkdir()
+        (s / "notes.txt" / "index.md").write_text("# notes\n")
+        (s / "src" / "a.py").write_text("A = 2\n")
+        return b"done\n"
+
+    ws = workspace(tmp_path)
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    rec = svc.execute(svc.submit("bot", "restructure").id)
+    before = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    real_commit, calls = review_mod.commit, []
+
+    def second_conflicts(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        if len(calls) == 2:
+            raise ConflictError("conflict: src/a.py", paths=["src/a.py"])
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(review_mod, "commit", second_conflicts)
+    with pytest.raises(ConflictError, match="nothing was written"):
+        svc.review.approve(rec.id)
+    after = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    assert after == before and (ws / "notes.txt").is_file()
+    states = {f.path: f.state for f in svc.store.get_run(rec.id).files}
+    assert states["notes.txt"] is not FileState.ACCEPTED and states["src/a.py"] is FileState.CONFLICTED
+    assert not svc.store.get_run(rec.id).applied  # nothing recorded as landed, nothing to undo
+    monkeypatch.setattr(review_mod, "commit", real_commit)
+    got = svc.review.approve(rec.id, ["notes.txt", "notes.txt/index.md"])
+    assert (ws / "notes.txt" / "index.md").read_text() == "# notes\n" and "notes.txt" in got.applied

@@ -12,7 +12,7 @@ import math
 import re
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,11 +120,19 @@ def known_detectors() -> list[str]:
     return [*DETECTORS, *BYTE_DETECTORS]
 
 
-# key = value assignments whose value looks random enough to be a credential.
+# key = value assignments whose value looks random enough to be a credential: a key token (tried
+# only where one starts, taken whole and never given back: linear on any input, where a pattern
+# that looks for the keyword inside a run of word characters is quadratic in the run's length),
+# followed by `=` or `:` and a value; the key must hold one of the keywords (`_assignments`).
 _ASSIGNMENT = re.compile(
-    r"(?i)(?P<key>[A-Za-z0-9_.\-]*(?:secret|token|passw(?:or)?d|api[_-]?key|access[_-]?key|"
-    r"private[_-]?key|credential|auth)[A-Za-z0-9_.\-]*)(?P<sep>\s*[:=]\s*[\"']?)(?P<value>[^\s\"'`,;]{12,})"
+    r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]++)(?P<sep>\s*+[:=]\s*+[\"']?)(?P<value>[^\s\"'`,;]{12,})"
 )
+_KEYWORD = re.compile(r"(?i)secret|token|passw(?:or)?d|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth")
+
+
+def _assignments(text: str) -> Iterator[re.Match[str]]:
+    """Every key = value assignment in `text` whose key names a credential."""
+    return (m for m in _ASSIGNMENT.finditer(text) if _KEYWORD.search(m.group("key")))
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,7 @@ class Redactor:
         found = [m for _, m in find_secrets(text)]
         for extra in list(self._extra.values()):
             found.extend(extra.found(text))
-        for m in _ASSIGNMENT.finditer(text):
+        for m in _assignments(text):
             if shannon_entropy(m.group("value")) >= 3.0:
                 found.append(m.group("value"))
         self.add(*found)
@@ -258,7 +266,7 @@ class Redactor:
 
         def _assign(m: re.Match[str]) -> str:
             value = m.group("value")
-            if value == MASK or shannon_entropy(value) < 3.0:
+            if value == MASK or shannon_entropy(value) < 3.0 or not _KEYWORD.search(m.group("key")):
                 return m.group(0)
             return f"{m.group('key')}{m.group('sep')}{MASK}"
 

@@ -386,6 +386,28 @@ def test_every_detector_takes_linear_time_on_a_hostile_megabyte(detector: str) -
     assert slowest < 5, f"{detector}: {slowest:.2f} s on a hostile 1 MB input"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 1_000_000,  # a long run of word characters, no newline (an agent's output)
+        "token" * 200_000,  # the keyword over and over, never assigned
+        ("d" * 250 + "/") * 4_000,  # long path names
+        "api_key" * 100_000 + "=",
+        " = " * 300_000,
+        "secret=" * 100_000,
+    ],
+    ids=["word-run", "keyword-run", "long-paths", "keyword-run-then-sep", "separators", "assignments"],
+)
+def test_the_redactor_as_a_whole_takes_linear_time_on_a_hostile_megabyte(text: str) -> None:
+    """Every pattern of Redactor.text and Redactor.learn together (the detectors, the key =
+    value assignments, the known values): was quadratic on a run of word characters."""
+    red = Redactor(["Zq8-known-value-xK31"])
+    t0 = time.process_time()
+    red.learn(text)
+    red.text(text)
+    assert time.process_time() - t0 < 5  # a bound, not a benchmark: quadratic took hours on this
+
+
 # -- the scanner's anchors never change a verdict --------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -56,6 +57,18 @@ def _id(old_start: int, old: list[str], new: list[str]) -> str:
     return h.hexdigest()[:12]
 
 
+# Line pairs the matcher may compare (`_pairs`) past which a change is one hunk: a file of 5,000
+# lines with 800 blank ones is 640,000; a 10,000-line one with 2,000, the budget (about 2 s).
+MATCH_BUDGET = 4_000_000
+
+
+def _pairs(a: list[str], b: list[str]) -> int:
+    """How many (line of a, equal line of b) pairs there are: what each of the matcher's longest-
+    match searches may walk through."""
+    counts = Counter(b)
+    return sum(counts[line] for line in a)
+
+
 def hunks(old: str, new: str) -> list[Hunk]:
     """Minimal hunks of old -> new, no context lines merged in: one per replace, insert or delete
     run of `SequenceMatcher(autojunk=False)`. An id is the first 12 hex digits of SHA-256 over
@@ -71,6 +84,11 @@ def hunks(old: str, new: str) -> list[Hunk]:
     while tail < len(a) - head and tail < len(b) - head and a[-1 - tail] == b[-1 - tail]:
         tail += 1
     mid_a, mid_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    if mid_a and mid_b and _pairs(mid_a, mid_b) > MATCH_BUDGET:
+        # What the matcher would compare grows with lines repeated on both sides (an agent's
+        # 40,000 blank lines against a file's blank lines made `show` cubic): one hunk instead.
+        i2, j2 = head + len(mid_a), head + len(mid_b)
+        return [Hunk(_id(head, a[head:i2], b[head:j2]), head, len(mid_a), head, len(mid_b), a[head:i2], b[head:j2])]
     out = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False).get_opcodes():
         if tag == "equal":

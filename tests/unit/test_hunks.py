@@ -131,3 +131,20 @@ def test_unified_diff_applies_with_patch(tmp_path: Path, old: str, new: str) -> 
     )
     assert done.returncode == 0, done.stderr + patch
     assert target.read_text() == new
+
+
+def test_a_change_built_to_make_the_matcher_cubic_is_one_hunk_in_bounded_time() -> None:
+    """40,000 blank lines against a file whose every third line is blank: the matcher would walk
+    millions of equal pairs at every level (minutes); past the budget the middle is one hunk."""
+    import time
+
+    from airlockd.pipeline.hunks import apply_hunks, hunks
+
+    base = "".join(f"x{i}\n" if i % 3 else "\n" for i in range(3000))
+    new = "X\n" + "\n" * 40_000 + "Y\n"
+    started = time.process_time()
+    (h,) = hunks(base, new)
+    assert time.process_time() - started < 5
+    assert (h.old_start, h.old_lines, h.new_lines) == (0, 3000, 40_002)
+    assert apply_hunks(base, new, {h.id}) == new and apply_hunks(base, new, set()) == base
+    assert [x.id for x in hunks(base, new)] == [h.id]  # the same ids when computed again

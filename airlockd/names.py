@@ -74,13 +74,19 @@ def has_hidden(text: str, *, keep: str = "\n\t") -> bool:
     return any(ch not in keep and _hidden(ch) for ch in (m.group(0) for m in _CANDIDATE.finditer(text)))
 
 
+# Spaces that are not U+0020 (no-break, ideographic, thin ...): text may hold them, a name that
+# does looks like another name (`app.py\u00a0` beside `app.py`).
+_SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
+
+
 def display(path: str) -> str:
-    """A path as a person should see it: hidden characters and undecodable bytes escaped."""
+    """A path as a person should see it: hidden characters, spaces other than U+0020 and
+    undecodable bytes escaped."""
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return repr(path)[1:-1]
-    return escape(path, keep="")
+    return _SPACES.sub(lambda m: _escape_char(m.group(0)), escape(path, keep=""))
 
 
 def brief(path: str, limit: int = 160) -> str:
@@ -123,7 +129,7 @@ def marks(path: str) -> list[str]:
     out = []
     if any(ch in BIDI for ch in path):
         out.append("bidirectional control in the name")
-    elif has_hidden(path, keep=""):
+    elif has_hidden(path, keep="") or _SPACES.search(path):
         out.append("hidden character in the name")
     look = confusable(path)
     if look is not None:

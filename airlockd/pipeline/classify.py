@@ -22,8 +22,9 @@ the change could not be reviewed as it is.
 
 What a reviewer might misread is at least `review`: a name with look-alike letters
 (`sеtup.py`, Cyrillic е: `confusable-name`), proposed text holding terminal escapes,
-bidirectional controls or line-overwriting returns (`hidden-characters`), and a created file or
-directory that group or others may write (`writable-by-others`).
+bidirectional controls or line-overwriting returns (`hidden-characters`), a created file or
+directory that group or others may write (`writable-by-others`), and a created executable
+(`executable`).
 
 Directories: a created or deleted directory follows the changes inside it (the strictest of
 them), so `mkdir src/pkg` + `src/pkg/a.py` is as `auto` as the file; an empty one goes through
@@ -166,6 +167,10 @@ class _Classifier:
                 _review(
                     "writable-by-others", f"created with mode {after.mode & 0o7777:04o}: group or others may write it"
                 ),
+            )
+        if c.change is ChangeKind.CREATED and after is not None and after.kind is Kind.FILE and after.mode & 0o111:
+            floor = _stricter(
+                floor, _review("executable", f"a new executable (mode {after.mode & 0o7777:04o}): it runs when invoked")
             )
         if c.change is ChangeKind.MODE_CHANGED:
             floor = _stricter(floor, _review("mode-change", "permission changes are reviewed"))

@@ -211,15 +211,26 @@ def regular_chunks(path: Path, limit: int | None = None) -> Generator[bytes, Non
         os.close(fd)
 
 
-# What in a text file acts on a terminal or reorders what a person reads (UTF-8 bytes): ESC
-# (ANSI and OSC sequences: concealed text, cursor moves, clipboard writes), the C1 CSI/OSC
-# introducers, backspace and a carriage return that is not a line end (both overwrite what was
-# shown), and bidirectional controls ("Trojan source").
+# What in a text file acts on a terminal, reorders what a person reads or is not drawn at all
+# (UTF-8 bytes): ESC (ANSI and OSC sequences: concealed text, cursor moves, clipboard writes),
+# the C1 CSI/OSC introducers, backspace and a carriage return that is not a line end (both
+# overwrite what was shown), bidirectional controls ("Trojan source"), line separators (a line
+# end to JavaScript, none to an editor), tag characters (text a model reads and a person does
+# not), vertical tabs, blank fillers and zero-width characters (an identifier that looks like
+# another). A byte-order mark at the start and zero-width joiners (emoji) are ordinary.
 _HIDDEN_BYTES = (
     ("a terminal escape (ESC)", re.compile(rb"\x1b")),
     ("a C1 control character", re.compile(rb"\xc2[\x80-\x9f]")),
     ("a bidirectional control character", re.compile(rb"\xd8\x9c|\xe2\x80[\x8e\x8f\xaa-\xae]|\xe2\x81[\xa6-\xa9]")),
     ("a backspace or a carriage return that overwrites a line", re.compile(rb"\x08|\r(?!\n)")),
+    ("a line or paragraph separator (U+2028, U+2029)", re.compile(rb"\xe2\x80[\xa8\xa9]")),
+    ("invisible tag characters (U+E0000-E007F)", re.compile(rb"\xf3\xa0[\x80\x81][\x80-\xbf]")),
+    ("a vertical tab", re.compile(rb"\x0b")),
+    ("a blank filler (Hangul filler)", re.compile(rb"\xe1\x85[\x9f\xa0]|\xe3\x85\xa4|\xef\xbe\xa0")),
+    (
+        "a zero-width space, word joiner or byte-order mark",
+        re.compile(rb"\xe2\x80\x8b|\xe2\x81\xa0|(?s:.)\xef\xbb\xbf"),
+    ),
 )
 
 

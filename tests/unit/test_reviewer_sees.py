@@ -28,6 +28,12 @@ ATTACKS = {
     "bidi override (Trojan source)": 'access = "user\u202e \u2066// check admin\u2069 \u2066"\n',
     "carriage return over a line": "rm -rf ~\rls -l   \n",
     "backspace": "safe\x08\x08\x08\x08evil\n",
+    "line separator": "let ok = 1;\u2028evil();\n",
+    "tag characters": "# note\U000e0069\U000e0067\U000e006e\U000e006f\U000e0072\U000e0065\n",
+    "vertical tab": "a = 1\x0bb = 2\n",
+    "Hangul filler": "if user\u3164 == admin:\n",
+    "zero-width space": "is_admin\u200b = True\n",
+    "byte-order mark inside": "x = 1\n\ufeffy = 2\n",
 }
 
 
@@ -99,9 +105,10 @@ def test_a_file_others_may_write_is_reviewed(permissive: Policy, mode: int) -> N
     assert f"{mode & 0o7777:04o}" in c.reason
 
 
-def test_ordinary_modes_pass(permissive: Policy) -> None:
-    got = classify([_file("a.py", 0o644), _file("run.sh", 0o755)], permissive, ())
-    assert [c.decision for c in got] == [Decision.AUTO, Decision.AUTO]
+def test_ordinary_modes_pass_and_a_new_executable_is_reviewed(permissive: Policy) -> None:
+    got = classify([_file("a.py", 0o644), _file("tests/run_all", 0o755), _file("b.py", 0o600)], permissive, ())
+    assert [c.decision for c in got] == [Decision.AUTO, Decision.REVIEW, Decision.AUTO]
+    assert got[1].rule == "invariant:executable"
 
 
 def test_a_created_directory_others_may_write_is_reviewed(permissive: Policy) -> None:
@@ -132,6 +139,7 @@ def test_hidden_in_finds_every_attack_and_passes_honest_text(tmp_path: Path) -> 
         "tabs.py": b"def f():\n\treturn '\xc3\xa9\xe6\x97\xa5'\n",
         "binary.bin": b"\x00\x1b[8m binary content is listed as binary, never shown as text",
         "bom.txt": b"\xef\xbb\xbfhello\n",
+        "emoji.md": "family \U0001f468\u200d\U0001f469\u200d\U0001f467 and caf\u00e9\n".encode(),
     }
     for name, data in honest.items():
         (run_dir / "staging" / name).write_bytes(data)
@@ -165,3 +173,10 @@ def test_a_name_with_an_invisible_filler_is_reviewed_and_marked(permissive: Poli
     (c,) = classify([_file(name)], permissive, ())
     assert (c.decision, c.rule) == (Decision.REVIEW, "invariant:unusual-name")
     assert marks(name) == ["hidden character in the name"]
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", "\u2009"])
+def test_a_name_ending_in_a_space_that_is_not_one_is_escaped_and_marked(space: str) -> None:
+    assert display(f"app.py{space}") == f"app.py\\u{ord(space):04x}" or display(f"app.py{space}") == "app.py\\xa0"
+    assert marks(f"app.py{space}") == ["hidden character in the name"]
+    assert escape(f"text{space}stays") == f"text{space}stays"  # in text it is ordinary

@@ -102,8 +102,21 @@ function M.escape(s, keep)
 end
 
 --- One line for a person: a path, a rule, a reason, a mark (newlines and tabs escaped too).
+-- Spaces that are not U+0020 (names.py `_SPACES`), as UTF-8: a name ending in one looks like
+-- another name.
+local SPACES = {
+  { '\194\160', '\\xa0' }, { '\225\154\128', '\\u1680' }, { '\226\128\175', '\\u202f' },
+  { '\226\129\159', '\\u205f' }, { '\227\128\128', '\\u3000' },
+}
+
 function M.display(s)
-  return M.escape(s, '')
+  local out = M.escape(s, '')
+  for _, sp in ipairs(SPACES) do
+    out = out:gsub(sp[1], sp[2])
+  end
+  return (out:gsub('\226\128([\128-\138])', function(b)
+    return string.format('\\u%04x', 0x2000 + b:byte() - 0x80)
+  end))
 end
 
 --- Paths for a message: each escaped, joined by ', '.

@@ -28,8 +28,11 @@ export function escape(text: string, keep = "\n\t"): string {
 
 /** One line for a person: a path, a rule's reason, a mark (newlines and tabs escaped too). */
 export function display(text: string): string {
-  return escape(text, "");
+  return escape(text, "").replace(SPACES, escapeChar);
 }
+
+// Spaces that are not U+0020 (names.py `_SPACES`): a name ending in one looks like another name.
+const SPACES = /[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/g;
 
 // `$(name)` and `$(name~spin)` as VS Code's renderLabelWithIcons draws them (ThemeIcon's name and
 // modifier expressions); `$(` followed by anything else is drawn as it is.

@@ -29,7 +29,7 @@ from airlockd.staging.archives import ArchiveScan, ArchiveScanner, sniff
 from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
-from airlockd.staging.gitcopy import is_git_entry
+from airlockd.staging.gitcopy import git_data, is_git_dir, is_git_entry
 from airlockd.staging.secretscan import SecretScanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
@@ -316,6 +316,8 @@ class StagingWalk:
             try:
                 is_dir = de.is_dir(follow_symlinks=False)
                 rule = self._path_rule(rel, is_dir)
+                if is_dir and rule is None and is_git_dir(src, de.name):
+                    rule = GIT_RULE  # a repository under another name: its history, as .git's
                 if is_dir:
                     if rule is not None:
                         self._withhold_tree(src, de.name, rel, rule)
@@ -420,7 +422,9 @@ class StagingWalk:
 
     def archive_verdict(self, rel: str, data: bytes) -> str | None:
         """The archive rule that withholds `data` (a whole file), or None; a scanned archive's
-        member hashes are kept for the identity pass."""
+        member hashes are kept for the identity pass. A git bundle or packfile is history."""
+        if (kind := git_data(data[:16])) is not None:
+            return f"{GIT_RULE}:{kind}"
         if sniff(data) is None:
             return None
         return self._kept(rel, self.archives.scan_bytes(data))
@@ -434,6 +438,8 @@ class StagingWalk:
 
     def archive_verdict_fd(self, rel: str, fd: int) -> str | None:
         """As `archive_verdict`, for a big file read back from the copy open as `fd`."""
+        if (kind := git_data(os.pread(fd, 16, 0))) is not None:
+            return f"{GIT_RULE}:{kind}"
         return self._kept(rel, self.archives.scan_fd(fd))
 
     def _copy_file(self, src: int, dst: int, name: str, rel: str) -> None:

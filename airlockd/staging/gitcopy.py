@@ -77,6 +77,29 @@ def is_git_entry(name: str) -> bool:
     return name == DOTGIT
 
 
+def is_git_dir(parent_fd: int, name: str) -> bool:
+    """Whether directory `name` under `parent_fd` is a repository of git's own layout under
+    any other name (a bare clone `backup.git`, a `.jj/repo/store/git`, a moved `.git`): a `HEAD`
+    file beside `objects/` and `refs/` directories. Its history is as secret as `.git`'s."""
+    try:
+        head = os.stat(f"{name}/HEAD", dir_fd=parent_fd, follow_symlinks=False)
+        objects = os.stat(f"{name}/objects", dir_fd=parent_fd, follow_symlinks=False)
+        refs = os.stat(f"{name}/refs", dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(head.st_mode) and stat.S_ISDIR(objects.st_mode) and stat.S_ISDIR(refs.st_mode)
+
+
+def git_data(head: bytes) -> str | None:
+    """What git history a file holds, by its first bytes: a bundle (`git bundle create`) or a
+    packfile; None for anything else."""
+    if head.startswith((b"# v2 git bundle\n", b"# v3 git bundle\n")):
+        return "bundle"
+    if head[:4] == b"PACK" and head[4:8] in (b"\0\0\0\x02", b"\0\0\0\x03"):
+        return "packfile"
+    return None
+
+
 # -- the workspace's HEAD -------------------------------------------------------------------------
 
 

@@ -382,3 +382,47 @@ def test_a_newline_in_a_folder_name_does_not_unwithhold_what_is_below_it(tmp_pat
     result = stage(ws, tmp_path / "out", load_policy(ws).policy, Level.INTERNAL)
     assert "a\nb/.env" in {w.path for w in result.withheld}
     assert not (tmp_path / "out" / "a\nb" / ".env").exists()
+
+
+# -- history under other names -------------------------------------------------------------------
+
+
+def test_a_repository_bundle_or_pack_under_another_name_is_withheld(
+    tmp_path: Path, policy: Policy, stage_fn: Stage
+) -> None:
+    """A bare clone (`backup.git`), a jj store's git directory, a bundle and a loose packfile hold
+    the whole history, the secret once committed included: withheld as `.git` is (found by the
+    attack review: only entries named `.git` were)."""
+    import subprocess
+
+    ws = tmp_path / "ws"
+    value = "Zq8-history-elsewhere-xK31"
+    write(ws, "app.py", "print(1)\n")
+    write(ws, "settings.txt", f"DB_PASSWORD={value}\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
+    env |= {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def git(*argv: str, cwd: Path = ws) -> None:
+        subprocess.run(["git", *argv], cwd=cwd, check=True, capture_output=True, env=env)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "with the secret")
+    (ws / "settings.txt").unlink()
+    git("commit", "-qam", "without it")
+    git("gc", "-q")
+    git("clone", "-q", "--bare", ".", "backup.git")
+    git("bundle", "create", "-q", "repo.bundle", "--all")
+    (ws / ".jj" / "repo" / "store").mkdir(parents=True)
+    git("clone", "-q", "--bare", ".", str(ws / ".jj" / "repo" / "store" / "git"))
+    pack = next((ws / ".git" / "objects" / "pack").glob("*.pack"))
+    write(ws, "assets/blob.dat", pack.read_bytes())
+    res = stage_fn(ws, tmp_path / "out", policy)
+    why = rules(res)
+    assert why["backup.git"] == "git-history" and why[".jj/repo/store/git"] == "git-history"
+    assert why["repo.bundle"] == "git-history:bundle" and why["assets/blob.dat"] == "git-history:packfile"
+    out = (tmp_path / "out").resolve()
+    for p in out.rglob("*"):
+        if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts:
+            assert p.read_bytes()[:4] != b"PACK", p
+    assert (out / "app.py").exists()

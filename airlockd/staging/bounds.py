@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airlockd.errors import LimitExceeded
-
 if TYPE_CHECKING:
     from airlockd.policy import Limits
 
@@ -35,9 +33,12 @@ class ChangeBounds:
         return cls(limits.changed_files, limits.change_depth, limits.changed_mb * 2**20)
 
 
-class ChangeSetTooLarge(LimitExceeded):
+class ChangeSetTooLarge(Exception):
     """Inspection stopped at a bound: `limit` is the policy's key, `measured` what was counted
-    when it stopped (at least that much is there), `allowed` the bound."""
+    when it stopped (at least that much is there), `allowed` the bound. Never crosses a door:
+    the run that meets it ends `limit_exceeded`, recorded with these figures."""
+
+    kind = "limit_exceeded"
 
     def __init__(self, limit: str, measured: int, allowed: int) -> None:
         what = {
@@ -45,11 +46,9 @@ class ChangeSetTooLarge(LimitExceeded):
             "change_depth": "path components deep",
             "changed_mb": "bytes",
         }[limit]
-        super().__init__(
-            f"the change set is over the policy's {limit}: at least {measured} {what}, {allowed} allowed",
-            hint=f"inspection stopped there; raise [agents.<name>.limits] {limit} if such a change is expected",
-        )
+        super().__init__(f"the change set is over the policy's {limit}: at least {measured} {what}, {allowed} allowed")
         self.limit, self.measured, self.allowed = limit, measured, allowed
+        self.hint = f"inspection stopped there; raise [agents.<name>.limits] {limit} if such a change is expected"
 
 
 class Tally:

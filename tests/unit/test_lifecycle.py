@@ -293,6 +293,15 @@ def test_a_transition_is_persisted_before_it_is_announced_and_checked(tmp_path: 
     assert not (svc.state.run_dir(rec.id) / "staging").exists()  # settled: its staging released
 
 
+def _restructure(s: Path) -> bytes:
+    """An agent that turns a file into a directory (a type change: two transactions) and edits one."""
+    (s / "notes.txt").unlink()
+    (s / "notes.txt").mkdir()
+    (s / "notes.txt" / "index.md").write_text("# notes\n")
+    (s / "src" / "a.py").write_text("A = 2\n")
+    return b"done\n"
+
+
 def test_a_decision_whose_second_transaction_fails_is_reversed_whole_and_can_be_taken_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -303,15 +312,8 @@ def test_a_decision_whose_second_transaction_fails_is_reversed_whole_and_can_be_
     import airlockd.runs.review as review_mod
     from airlockd.errors import CommitError
 
-    def agent(s: Path) -> bytes:
-        (s / "notes.txt").unlink()
-        (s / "notes.txt").mkdir()
-        (s / "notes.txt" / "index.md").write_text("# notes\n")
-        (s / "src" / "a.py").write_text("A = 2\n")
-        return b"done\n"
-
     ws = workspace(tmp_path)
-    svc = Service(ws, sandbox=FakeSandbox(agent))
+    svc = Service(ws, sandbox=FakeSandbox(_restructure))
     rec = svc.execute(svc.submit("bot", "restructure").id)
     assert rec.state is RunState.PROPOSED
     before = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
@@ -348,15 +350,8 @@ def test_a_conflict_in_a_decisions_second_transaction_leaves_nothing_written(
     import airlockd.runs.review as review_mod
     from airlockd.errors import ConflictError
 
-    def agent(s: Path) -> bytes:
-        (s / "notes.txt").unlink()
-        (s / "notes.txt").mkdir()
-        (s / "notes.txt" / "index.md").write_text("# notes\n")
-        (s / "src" / "a.py").write_text("A = 2\n")
-        return b"done\n"
-
     ws = workspace(tmp_path)
-    svc = Service(ws, sandbox=FakeSandbox(agent))
+    svc = Service(ws, sandbox=FakeSandbox(_restructure))
     rec = svc.execute(svc.submit("bot", "restructure").id)
     before = {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*") if p.is_file()}
     real_commit, calls = review_mod.commit, []

@@ -1,38 +1,29 @@
-"""Executing one admitted run: stage the workspace, contain the agent (sampling it live),
-record how it ended, then inspect and classify what it changed. The service sequences these
-steps; every change of the run's state goes through `svc.lifecycle`, which owns the state machine."""
+"""Executing one admitted run: stage the workspace, contain the agent (sampling it live) and
+record how it ended; what it changed is inspected next (runs/inspection.py). The service
+sequences these steps; every change of the run's state goes through `svc.lifecycle`, which owns the state machine."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airlockd import names
 from airlockd.agents import wiring as agent_wiring
 from airlockd.errors import EngineError
 from airlockd.evidence.document import live_tree
 from airlockd.fsutil import atomic_write_bytes
 from airlockd.gateway import runs as gateway_runs
-from airlockd.pipeline.classify import Secret, classify
-from airlockd.pipeline.manifest import Change, Entry
-from airlockd.policy import Decision, Mode
-from airlockd.records import FileReview, FileState, LimitHit, RunRecord, RunState
+from airlockd.records import RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
-from airlockd.runs.content import find_secrets_in, hidden_in
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import StageRequest
-from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
 from airlockd.staging.copy import StageResult, Withheld
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
-from airlockd.staging.withheld import learn as learn_withheld
 
 if TYPE_CHECKING:
     from airlockd.runs.service import Progress, Service
@@ -356,166 +347,6 @@ def count_violation(svc: Service, rec: RunRecord) -> None:
             policy=rec.policy_revision,
             reason=usage.reason,
         )
-
-
-def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
-    rec = svc.lifecycle.transition(rec, RunState.INSPECTING)
-    progress("inspecting", "hashing the staging copy")
-    run_dir = svc.state.run_dir(rec.id)
-    stager = stagers.for_run(run_dir)
-    base = stager.base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
-    try:  # from the upper layer, or a full rescan; stopped at the policy's bounds
-        changes = stager.inspect(run_dir, base, ChangeBounds.of(svc.policy.agent(rec.agent).limits))
-    except ChangeSetTooLarge as over:
-        return _too_large(svc, rec, over)
-    withheld = {w["path"] for w in rec.withheld}
-    secrets = carried_secrets(svc, rec, changes)
-    hidden = hidden_in(
-        run_dir, (c for c in changes if c.path not in secrets), max_bytes=svc.policy.defaults.max_file_bytes
-    )
-    files = []
-    twins = base.twins([c.path for c in changes])
-    rest: dict[tuple[str, str], int] = {}  # (decision, rule) -> changes past CLASSIFY_EVENTS
-    for c in classify(changes, svc.policy, withheld, base=twins, secrets=secrets, hidden=hidden):
-        state = FileState.DENIED if c.decision is Decision.DENY else FileState.PENDING
-        files.append(
-            FileReview(
-                path=c.change.path,
-                change=c.change.change.value,
-                decision=c.decision,
-                rule=c.rule,
-                reason=svc.redactor.text(c.reason),  # a reason may quote a symlink's target
-                state=state,
-                before=c.change.before.to_json() if c.change.before else None,
-                after=_stored_entry(svc, c.change.after, c.change.path in secrets),
-                marks=_marks(svc, c.change.path, hidden.get(c.change.path)),
-            )
-        )
-        if len(files) <= CLASSIFY_EVENTS:
-            svc.audit.append(
-                "classify",
-                run=rec.id,
-                agent=rec.agent,
-                policy=rec.policy_revision,
-                path=c.change.path,
-                change=c.change.change.value,
-                decision=c.decision.value,
-                rule=c.rule,
-            )
-        else:
-            rest[(c.decision.value, c.rule)] = rest.get((c.decision.value, c.rule), 0) + 1
-    if rest:
-        _classify_summary(svc, rec, rest)
-    drop_secrets(run_dir, secrets)
-    files = screening.screen_changes(svc, rec, files)
-    svc.content.keep_base_blobs(rec.id, files)
-    for f in files:
-        if f.state is FileState.CONFLICTED:
-            svc.audit.append(
-                "conflict",
-                run=rec.id,
-                agent=rec.agent,
-                policy=rec.policy_revision,
-                path=f.path,
-                why="the live file changed between staging and inspection",
-            )
-    rec = svc.store.update_run(rec.id, lambda r: setattr(r, "files", files))
-    svc.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
-    summary = f"{len(files)} changes: " + ", ".join(
-        f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
-    )
-    rec = svc.lifecycle.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
-    if rec.mode == Mode.AUTO.value:
-        auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
-        if auto:
-            rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
-    return svc.lifecycle.settle(rec.id)
-
-
-def _classify_summary(svc: Service, rec: RunRecord, rest: Mapping[tuple[str, str], int]) -> None:
-    """One event for the changes past the first CLASSIFY_EVENTS (each is in the run's record):
-    how many, by decision and by rule, so a change set of any size makes a bounded trail."""
-    by_decision: dict[str, int] = {}
-    for (decision, _), n in rest.items():
-        by_decision[decision] = by_decision.get(decision, 0) + n
-    rules = sorted(rest.items(), key=lambda kv: -kv[1])[: CLASSIFY_EVENTS // 10]
-    svc.audit.append(
-        "classify.summary",
-        run=rec.id,
-        agent=rec.agent,
-        policy=rec.policy_revision,
-        changes=sum(rest.values()),
-        decisions=by_decision,
-        rules=[{"decision": d, "rule": r, "changes": n} for (d, r), n in rules],
-        rules_left_out=max(0, len(rest) - len(rules)),
-    )
-
-
-def _too_large(svc: Service, rec: RunRecord, over: ChangeSetTooLarge) -> RunRecord:
-    """A change set over a bound: a limit violation, recorded like the container's (audit,
-    quarantine count); nothing of it is proposed, and the staging is kept for inspection."""
-    hit = LimitHit(
-        limit=over.limit,
-        measured=over.measured,
-        allowed=over.allowed,
-        source="inspection of the staging copy, stopped at the bound",
-    )
-    svc.audit.append("limit.exceeded", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **hit.model_dump())
-    rec = svc.lifecycle.transition(rec, RunState.LIMIT_EXCEEDED, f"{hit.limit}: {over!s}", limit=hit)
-    count_violation(svc, rec)
-    svc.keep_for_inspection(rec)
-    return rec
-
-
-def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> dict[str, Secret]:
-    """The secret each change of the run carries (path -> Secret), in its name or its proposed
-    content. The values of withheld files are read again from the live workspace first (into
-    memory only, never stored): this process may not be the one that staged the run (a daemon
-    restarted, a run re-attached), and a withheld file may have changed while the agent ran
-    (a walk: 0.2 s on a 20,000-file tree, once per inspection)."""
-    learn_withheld(svc.workspace, svc.policy, svc.policy.clearance_for(rec.agent), svc.redactor)
-    return find_secrets_in(
-        svc.state.run_dir(rec.id),
-        changes,
-        svc.policy.withhold.detectors,
-        svc.redactor,
-        max_bytes=svc.policy.defaults.max_file_bytes,
-    )
-
-
-def _stored_entry(svc: Service, entry: Entry | None, secret: bool) -> dict[str, Any] | None:
-    """The proposed entry as the store keeps it: a symlink target that carries a secret masked
-    (the change is denied, so nothing ever lands from it)."""
-    if entry is None:
-        return None
-    doc = entry.to_json()
-    return dict(svc.redactor.value(doc)) if secret else doc
-
-
-# Per-change `classify` events of one run; the changes past them are counted in one
-# `classify.summary` event (the run's record keeps every change).
-CLASSIFY_EVENTS = 500
-
-
-def _marks(svc: Service, path: str, hidden: str | None) -> list[str]:
-    """What a reviewer is told beside the path (names.marks, and what hides in its text)."""
-    out = [svc.redactor.text(m) for m in names.marks(path)]
-    if hidden is not None:
-        out.append(f"the proposed text holds {hidden}: shown escaped, never as a terminal would act on it")
-    return out
-
-
-def drop_secrets(run_dir: Path, secrets: Mapping[str, Secret]) -> None:
-    """Remove what carries a secret from the staging copy: it can never land and is never shown,
-    so the state dir keeps no copy of it (deepest first, so a directory named with a secret goes
-    once it is empty). Best effort: the deny holds either way."""
-    for path in sorted(secrets, key=lambda p: p.count("/"), reverse=True):
-        node = stagers.proposed_path(run_dir, path)
-        with contextlib.suppress(OSError):
-            if node.is_dir() and not node.is_symlink():
-                node.rmdir()
-            else:
-                node.unlink()
 
 
 def run_live(svc: Service, run_id: str) -> bool:

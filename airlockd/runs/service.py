@@ -29,7 +29,7 @@ from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
 from airlockd.records import RunRecord, RunState, Transition
 from airlockd.redact import Redactor, install_log_redaction
-from airlockd.runs import execution, recovery
+from airlockd.runs import execution, inspection, recovery
 from airlockd.runs.containment import RunMonitor
 from airlockd.runs.content import ProposalContent
 from airlockd.runs.lifecycle import RunLifecycle
@@ -408,7 +408,7 @@ class Service:
             if ended is not None:
                 self.keep_for_inspection(ended)
                 return ended
-            return execution.inspect(self, rec, progress)
+            return inspection.inspect(self, rec, progress)
         except Exception as exc:
             rec = self.store.get_run(rec.id)
             if rec.state.live:

@@ -3,11 +3,12 @@ limit violation, found before the excess is read.
 
 The agent chooses the size and shape of what it leaves behind, and inspection runs on the host
 after its container is gone, outside every cgroup cap. So the walk counts as it goes and stops at
-the first entry over a bound: the number of entries (a flood of tiny files), the depth of a chain
-of directories the base does not have (10,000 nested directories would hold 10,000 descriptors and build paths
-of megabytes), and the bytes that would be read (by allocated blocks, never by a sparse file's
-claimed size). What the base already holds is never counted against the agent: the copy stager
-rescans the whole copy, so its bounds are the base's own figures plus the policy's allowance.
+the first entry over a bound: the number of entries (a flood of tiny files), the depth of a
+chain of directories the base does not have (10,000 nested directories would hold 10,000
+descriptors and build paths of megabytes), and the bytes that would be read (by allocated
+blocks, never by a sparse file's claimed size). What the base already holds is never counted
+against the agent: the copy stager rescans the whole copy, so its bounds are the base's own
+figures plus the policy's allowance.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ChangeBounds:
     entries: int  # nodes the agent's side holds (created, modified, their directories)
-    depth: int  # path components of a node the base does not have
+    depth: int  # path components of a node whose parent directory the base does not have
     bytes: int  # bytes of regular files to be read (allocated, not claimed)
 
     @classmethod

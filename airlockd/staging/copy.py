@@ -194,7 +194,7 @@ class StagingWalk:
         # Only labels above the clearance matter: a path is above it when any of them matches.
         self.above = policy.above(clearance)
         self.archives = ArchiveScanner(
-            self._path_rule,
+            self._judge_path,
             self.scanner,
             self._mask,
             max_bytes=policy.withhold.archive_scan_mb << 20,
@@ -207,7 +207,20 @@ class StagingWalk:
 
     # -- decisions ------------------------------------------------------------------------------
 
+    rules: dict[tuple[str, bool], str | None] | None = None  # a keeper's verdicts on paths, kept
+
     def _path_rule(self, rel: str, is_dir: bool) -> str | None:
+        """The rule that keeps a path of the tree out, or None (a verdict rests on the path and
+        the policy alone: a keeper keeps them across refreshes, under one policy digest)."""
+        rules = self.rules
+        if rules is None:
+            return self._judge_path(rel, is_dir)
+        key = (rel, is_dir)
+        if key not in rules:
+            rules[key] = self._judge_path(rel, is_dir)
+        return rules[key]
+
+    def _judge_path(self, rel: str, is_dir: bool) -> str | None:
         probe = rel + "/" if is_dir else rel
         if self.withheld_path(probe):
             return f"withhold:{self.withheld_path.which(probe)}"

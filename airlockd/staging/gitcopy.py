@@ -7,45 +7,50 @@ no parent whose tree is the staged files (withheld ones absent), on the workspac
 (HEAD read from `.git/HEAD`, or through a `gitdir:` file; a detached HEAD gives a detached
 commit; a workspace that is no repository gets no `.git` at all), author and committer
 `airlockd <airlockd@localhost>` at a fixed date, so identical trees give identical commits. No
-reflogs, no other refs, no remotes, no hooks, a minimal config; the object store holds exactly
-the objects reachable from that commit. Everything is owned by the run's owner, so the agent can
+reflogs, no other refs, no remotes, no hooks, a minimal config; the object store holds the
+objects reachable from that commit (and, in a mirror between walks, nothing but earlier versions
+of its own staged files: see `MirrorRepos.refresh`). Everything is owned by the run's owner, so the agent can
 `git status`, `git diff`, `git add` and `git commit` as its own uid.
 
 The objects are written here, not by the `git` binary (`git add` of the 20,000-file benchmark
-tree takes 7 s; this writer, 1 s): loose objects whose zlib streams are *stored* blocks (no
-compression: writing an object costs a copy, and the store about the tree's size), trees and
-the commit, and an index (version 2) carrying each file's `lstat` data, so `git status` in the
+tree takes 7 s): a cold build puts them in one packfile, later ones are loose objects
+(staging/gitobjects.py; zlib streams of *stored* blocks, no compression: writing an object costs a
+copy); the index (staging/gitindex.py) carries each file's `lstat` data, so `git status` in the
 container trusts it without reading the files (with `core.trustctime=false`: a hard-link clone
 of a mirror generation changes every ctime, never a file's inode, mtime or size).
 
 The mirror (staging/mirror.py) keeps its repository in each generation and brings it up to date
 on every refresh (`MirrorRepos.refresh`): a file whose node is unchanged keeps its object, the
-trees above a change are rewritten, objects no longer reachable are removed. Within a process
-that state is kept in memory (vouched for by the index file's identity); another process rebuilds
-it from the index on disk. Generations are hard-link clones (`cp -al`): an object file is never
-written in place (new objects are new files, dead ones unlinked), and the index, HEAD and the
-branch ref are replaced by rename, so a clone never changes under a run that mounts the other.
+trees above a change are rewritten, a split index records what changed, objects no longer
+referenced are removed (counted, so a refresh costs what changed, not the tree's size): a loose
+one at once, a packed one at the next walk (see `MirrorRepos.refresh`). Within a process that
+state is kept in memory (vouched for by the index file's identity); another process rebuilds it
+from the index on disk. Generations are hard-link clones (`cp -al`): no file is ever written in
+place (new objects and packs are new files, dead ones unlinked; the index, the shared index,
+HEAD and the branch ref are new files renamed into place), so a clone never changes under a
+run that mounts the other.
 
 `ENABLED` is for the benchmark only (tests/bench): staging with and without the repository.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
 import shutil
 import stat
-import struct
 import threading
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.staging.fdtree import write_all
+from airlockd.staging.fdtree import read_all, write_all
+from airlockd.staging.gitindex import SplitIndex, git_mode, index_file, pack_entry, read_index
+from airlockd.staging.gitobjects import ObjectStore, Pack, blob_id, object_id, stored_zlib
+
+__all__ = ["MIRRORS", "Head", "blob_id", "build_copy", "object_id", "stored_zlib", "workspace_head"]
 
 ENABLED = True  # the benchmark's switch: staging without the fresh repository, for its baseline
 
@@ -63,7 +68,10 @@ CONFIG = (
     b"\ttrustctime = false\n"
     b"[gc]\n"
     b"\tauto = 0\n"
+    b"[splitIndex]\n"
+    b"\tsharedIndexExpire = never\n"
 )
+MAX_PACKS = 8  # past this many packs (a pack per restart that found changes), a purge joins them
 _HEAD_READ = 4096
 _BRANCH = re.compile(r"(?!.*\.\.)(?!.*//)(?!.*@\{)(?![-./])(?!.*[./]$)(?!.*\.lock(?:/|$))[A-Za-z0-9._/+-]{1,200}")
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -155,200 +163,74 @@ def _read_small(path: Path) -> str | None:
         os.close(fd)
 
 
-# -- objects --------------------------------------------------------------------------------------
-
-
-def object_id(kind: bytes, data: bytes) -> bytes:
-    """The git (SHA-1) id of an object, 20 bytes."""
-    h = hashlib.sha1(b"%s %d\0" % (kind, len(data)))
-    h.update(data)
-    return h.digest()
-
-
-def blob_id(data: bytes) -> str:
-    """The git blob id (hex) of `data`, as `git hash-object` gives it."""
-    return object_id(b"blob", data).hex()
-
-
-def stored_zlib(header: bytes, data: bytes) -> list[bytes | memoryview]:
-    """`header + data` as a zlib stream of stored (uncompressed) deflate blocks, in pieces."""
-    out: list[bytes | memoryview] = [b"\x78\x01", struct.pack("<BHH", 0, len(header), len(header) ^ 0xFFFF), header]
-    view = memoryview(data)
-    n = len(data)
-    if n == 0:
-        out.append(b"\x01\x00\x00\xff\xff")
-    for i in range(0, n, 0xFFFF):
-        chunk = view[i : i + 0xFFFF]
-        out.append(struct.pack("<BHH", 1 if i + 0xFFFF >= n else 0, len(chunk), len(chunk) ^ 0xFFFF))
-        out.append(chunk)
-    out.append(struct.pack(">I", zlib.adler32(data, zlib.adler32(header))))
-    return out
-
-
-class ObjectStore:
-    """The loose objects of one repository: written once each (a new file, read-only), removed
-    when no longer reachable."""
-
-    def __init__(self, dotgit: Path, owner: tuple[int, int] | None, digests: dict[str, Entry] | None) -> None:
-        self.dir = dotgit / "objects"
-        self.owner = owner
-        self.have: set[bytes] | None = None  # what is on disk (None: not listed yet)
-        self.digests = digests  # with a manifest to fill: each written file's entry (copy stager)
-        self._fanout: set[str] = set()
-
-    def listing(self) -> set[bytes]:
-        if self.have is None:
-            have: set[bytes] = set()
-            try:
-                with os.scandir(self.dir) as it:
-                    fans = [de.name for de in it if len(de.name) == 2 and de.is_dir(follow_symlinks=False)]
-            except FileNotFoundError:
-                fans = []
-            for fan in fans:
-                self._fanout.add(fan)
-                with os.scandir(self.dir / fan) as it:
-                    for de in it:
-                        if len(de.name) == 38:
-                            try:
-                                have.add(bytes.fromhex(fan + de.name))
-                            except ValueError:
-                                continue
-            self.have = have
-        return self.have
-
-    def put(self, kind: bytes, data: bytes, oid: bytes | None = None) -> bytes:
-        oid = oid or object_id(kind, data)
-        have = self.listing()
-        if oid in have:
-            return oid
-        hx = oid.hex()
-        fan = self.dir / hx[:2]
-        if hx[:2] not in self._fanout:
-            try:
-                os.mkdir(fan, 0o755)
-                self._own(fan)
-            except FileExistsError:
-                pass
-            self._fanout.add(hx[:2])
-        raw = b"".join(stored_zlib(b"%s %d\0" % (kind, len(data)), data))
-        fd = os.open(fan / hx[2:], _O_NEW, 0o444)
-        try:
-            write_all(fd, raw)
-            if self.owner is not None:
-                os.fchown(fd, *self.owner)
-        finally:
-            os.close(fd)
-        if self.digests is not None:
-            self.digests[f"objects/{hx[:2]}/{hx[2:]}"] = Entry(
-                Kind.FILE, 0o444, len(raw), hashlib.sha256(raw).hexdigest()
-            )
-        have.add(oid)
-        return oid
-
-    def keep_only(self, reachable: set[bytes]) -> int:
-        """Remove every loose object not in `reachable`; how many went."""
-        gone = 0
-        for oid in list(self.listing() - reachable):
-            hx = oid.hex()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.dir / hx[:2] / hx[2:])
-            self.listing().discard(oid)
-            gone += 1
-        return gone
-
-    def _own(self, path: Path) -> None:
-        if self.owner is not None:
-            os.chown(path, *self.owner, follow_symlinks=False)
-
-
-# -- the index ------------------------------------------------------------------------------------
+# -- one repository ---------------------------------------------------------------------------------
 
 
 @dataclass
 class IndexEntry:
-    """One file of the index: the node's `lstat` key, its object id and git mode, packed."""
+    """One file of the index: the node's `lstat` key, its object id and its index entry bytes."""
 
     key: tuple[int, int, int, int, int, int]  # ino, mtime_ns, size, st_mode, uid, gid
     oid: bytes
     packed: bytes
 
 
-def _git_mode(st_mode: int) -> int:
-    if stat.S_ISLNK(st_mode):
-        return 0o120000
-    return 0o100755 if st_mode & stat.S_IXUSR else 0o100644
-
-
 def _key(st: os.stat_result) -> tuple[int, int, int, int, int, int]:
     return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode, st.st_uid, st.st_gid)
-
-
-def _pack_entry(name: bytes, st: os.stat_result, oid: bytes) -> bytes:
-    m32 = 0xFFFFFFFF
-    head = struct.pack(
-        ">10I",
-        int(st.st_ctime) & m32,
-        st.st_ctime_ns % 1_000_000_000,
-        int(st.st_mtime) & m32,
-        st.st_mtime_ns % 1_000_000_000,
-        st.st_dev & m32,
-        st.st_ino & m32,
-        _git_mode(st.st_mode),
-        st.st_uid & m32,
-        st.st_gid & m32,
-        st.st_size & m32,
-    )
-    body = head + oid + struct.pack(">H", min(len(name), 0xFFF)) + name
-    return body + b"\0" * (8 - len(body) % 8)
-
-
-def _parse_index(data: bytes) -> dict[str, tuple[bytes, int, int, int, int, int]]:
-    """path -> (oid, ino, mtime_ns, size, git mode, uid) of a version 2 index (stage 0 only); an
-    index that is not one is empty (everything is then read again)."""
-    out: dict[str, tuple[bytes, int, int, int, int, int]] = {}
-    if len(data) < 32 or data[:4] != b"DIRC" or hashlib.sha1(data[:-20]).digest() != data[-20:]:
-        return out
-    version, count = struct.unpack(">II", data[4:12])
-    if version != 2:
-        return out
-    pos = 12
-    for _ in range(count):
-        f = struct.unpack(">10I", data[pos : pos + 40])
-        oid = data[pos + 40 : pos + 60]
-        (flags,) = struct.unpack(">H", data[pos + 60 : pos + 62])
-        end = data.index(b"\0", pos + 62)
-        name = data[pos + 62 : end].decode("utf-8", "surrogateescape")
-        if flags & 0x3000 == 0:
-            out[name] = (oid, f[5], f[2] * 1_000_000_000 + f[3], f[9], f[6], f[7])
-        pos += (62 + (end - pos - 62) + 8) // 8 * 8
-    return out
-
-
-# -- one repository ---------------------------------------------------------------------------------
 
 
 @dataclass
 class RepoState:
     """What a process knows of one repository it wrote: every file's index entry, every tree's
-    id, and the identity of the index file it wrote last (which vouches for the rest)."""
+    id, how often each object is referenced, the store's contents, the split index, and the
+    identity of the index file it wrote last (which vouches for the rest)."""
 
     files: dict[str, IndexEntry] = field(default_factory=dict)
     trees: dict[str, bytes] = field(default_factory=dict)  # directory ("" the root) -> tree id
     children: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of entries
     commit: bytes = b""
+    head: Head | None = None  # the HEAD written last
     index_id: tuple[int, int, int] = (0, 0, 0)  # ino, size, mtime_ns of the index written
     manifest: dict[str, Entry] = field(default_factory=dict)  # what the tree's files were, as given
-    objects: set[bytes] | None = None  # the loose objects on disk (exactly the reachable ones)
-    order: list[str] | None = None  # the index's order of `files` (None: to sort again)
+    refs: dict[bytes, int] = field(default_factory=dict)  # object -> references (files, trees, HEAD)
+    unreferenced: set[bytes] = field(default_factory=set)  # objects whose count fell to 0 since
+    index: SplitIndex = field(default_factory=SplitIndex)
+    have: set[bytes] | None = None  # the store's objects, packs and dead packed objects
+    packs: dict[str, Pack] = field(default_factory=dict)
+    dead: set[bytes] = field(default_factory=set)
+    scanned: bool = False  # built by a scan of the whole tree: the store may hold anything else too
+
+    def ref(self, oid: bytes) -> None:
+        self.refs[oid] = self.refs.get(oid, 0) + 1
+
+    def unref(self, oid: bytes) -> None:
+        n = self.refs.get(oid, 0) - 1
+        if n > 0:
+            self.refs[oid] = n
+        else:
+            self.refs.pop(oid, None)
+            self.unreferenced.add(oid)
+
+    def set_file(self, rel: str, entry: IndexEntry) -> None:
+        self.ref(entry.oid)
+        self.files[rel] = entry
+        self.index.changed.add(rel)
+
+    def pop_file(self, rel: str) -> IndexEntry:
+        old = self.files.pop(rel)
+        self.unref(old.oid)
+        self.index.changed.add(rel)
+        return old
 
 
 def _parent(rel: str) -> str:
     return rel.rpartition("/")[0]
 
 
-def _walk_tree(root: int, prefix: str = "") -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """(relative path, entry) of every file and symlink under directory fd `root`, `.git`
-    skipped at every depth (a nested repository is only files here)."""
+def _walk_tree(root: int, prefix: str = "") -> Iterator[tuple[str, os.DirEntry[str], int]]:
+    """(relative path, entry, its directory's fd) of every file and symlink under directory fd
+    `root`, `.git` skipped at every depth (a nested repository is only files here). The fd is
+    open while the entry is being handled."""
     stack = [(os.dup(root), prefix)]
     try:
         while stack:
@@ -362,13 +244,11 @@ def _walk_tree(root: int, prefix: str = "") -> Iterator[tuple[str, os.DirEntry[s
                     sub = f"{rel}/{de.name}" if rel else de.name
                     if de.is_dir(follow_symlinks=False):
                         try:
-                            stack.append(
-                                (os.open(de.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), sub)
-                            )
+                            stack.append((os.open(de.name, _O_DIR, dir_fd=fd), sub))
                         except OSError:
                             continue
                     elif de.is_file(follow_symlinks=False) or de.is_symlink():
-                        yield sub, de
+                        yield sub, de, fd
             finally:
                 os.close(fd)
     finally:
@@ -377,12 +257,16 @@ def _walk_tree(root: int, prefix: str = "") -> Iterator[tuple[str, os.DirEntry[s
 
 
 class Repo:
-    """The fresh repository at `root/.git` of the tree at `root`."""
+    """The fresh repository at `root/.git` of the tree at `root`. `split` writes a split index
+    (the mirror's, refreshed often); otherwise the index is written whole (a one-off copy's)."""
 
-    def __init__(self, root: Path, owner: tuple[int, int] | None, *, manifest: bool = False) -> None:
+    def __init__(
+        self, root: Path, owner: tuple[int, int] | None, *, manifest: bool = False, split: bool = False
+    ) -> None:
         self.root = root
         self.dotgit = root / DOTGIT
         self.owner = owner
+        self.split = split
         self.written: dict[str, Entry] | None = {} if manifest else None
         self.store = ObjectStore(self.dotgit, owner, self.written)
 
@@ -393,11 +277,13 @@ class Repo:
         `state` this process wrote and `changed` (the paths that may differ since), only those
         are looked at; otherwise every node is `lstat`ed and a file whose node the index on disk
         (or `state`) vouches for keeps its object. Returns the state to pass next time."""
-        self._skeleton()
         if state is not None and changed is not None:
-            self.store.have = state.objects
+            if state.head is None:
+                self._skeleton()
+            self.store.adopt(state.have or set(), state.packs, state.dead)
             self._update(state, changed)
         else:
+            self._skeleton()
             state = self._scan(state)
         return state
 
@@ -416,28 +302,33 @@ class Repo:
         self._replace("config", CONFIG)
 
     def _scan(self, known: RepoState | None) -> RepoState:
-        """A state of every node under `root`, objects reused where the node is unchanged."""
+        """A state of every node under `root`, objects reused where the node is unchanged; the
+        objects written go into one new pack."""
         prev: dict[str, tuple[bytes, tuple[int, int, int, int, int, int]]] = {}
         if known is not None:
             prev = {p: (e.oid, e.key) for p, e in known.files.items()}
         else:
-            try:
-                raw = (self.dotgit / "index").read_bytes()
-            except OSError:
-                raw = b""
-            for p, (oid, ino, mtime, size, gmode, uid) in _parse_index(raw).items():
+            for p, (oid, ino, mtime, size, gmode, uid) in read_index(str(self.dotgit)).items():
                 prev[p] = (oid, (ino, mtime, size & 0xFFFFFFFF, gmode, uid, -1))
-        state = RepoState()
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        state = RepoState(scanned=True)
+        self.store.begin_pack()
         try:
-            for rel, de in _walk_tree(root):
-                st = de.stat(follow_symlinks=False)
-                self._file(state, rel, st, prev.get(rel), lambda rel=rel: _content(str(self.root / rel)))
-        finally:
-            os.close(root)
-        for rel in state.files:
-            _link(state.children, rel)
-        self._trees(state, set(state.children) | {""})
+            root = os.open(self.root, _O_DIR)
+            try:
+                for rel, de, fd in _walk_tree(root):
+                    st = de.stat(follow_symlinks=False)
+                    self._file(state, rel, st, prev.get(rel), _reader(fd, de.name))
+            finally:
+                os.close(root)
+            for rel in state.files:
+                _link(state.children, rel)
+            self._trees(state, set(state.children) | {""})
+        except BaseException:
+            if self.store.writer is not None:
+                self.store.writer.abandon()
+                self.store.writer = None
+            raise
+        self.store.end_pack()
         return state
 
     def _file(
@@ -446,36 +337,35 @@ class Repo:
         rel: str,
         st: os.stat_result,
         prev: tuple[bytes, tuple[int, int, int, int, int, int]] | None,
-        read: object,
+        read: Callable[[], bytes | None],
     ) -> None:
         key = _key(st)
         oid = None
         if prev is not None:
             p_oid, p_key = prev
             if p_key[5] == -1:  # from an index on disk: git mode for st_mode, no gid
-                if p_key[:3] == (key[0], key[1], key[2] & 0xFFFFFFFF) and p_key[3] == _git_mode(st.st_mode):
-                    oid = p_oid if p_key[4] == st.st_uid else None
+                if p_key[:3] == (key[0], key[1], key[2] & 0xFFFFFFFF) and p_key[3] == git_mode(st.st_mode):
+                    oid = p_oid if p_key[4] == st.st_uid and p_oid in self.store.listing() else None
             elif p_key == key:
                 oid = p_oid
         if oid is None:
-            data = read() if callable(read) else b""
+            data = read()
             if data is None:
                 return  # vanished or unreadable: not in the commit
             oid = self.store.put(b"blob", data)
-        state.files[rel] = IndexEntry(key, oid, _pack_entry(rel.encode("utf-8", "surrogateescape"), st, oid))
+        state.set_file(rel, IndexEntry(key, oid, pack_entry(rel.encode("utf-8", "surrogateescape"), st, oid)))
 
     def _update(self, state: RepoState, changed: Iterable[str]) -> None:
         """Look again at `changed` paths (each a file, a directory, or gone) only."""
         dirty: set[str] = set()
-        before = set(state.files) if state.order is not None else None
         prev: dict[str, tuple[bytes, tuple[int, int, int, int, int, int]]] = {}
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        root = os.open(self.root, _O_DIR)
         try:
             for rel in sorted(set(changed), key=lambda p: p.count("/")):
                 if any(is_git_entry(part) for part in rel.split("/")):
                     continue
                 for gone in _under(state, rel):
-                    old = state.files.pop(gone)
+                    old = state.pop_file(gone)
                     prev[gone] = (old.oid, old.key)
                     _unlink(state.children, gone, dirty)
                 dirty.add(_parent(rel))
@@ -485,25 +375,22 @@ class Repo:
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     try:
-                        sub = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+                        sub = os.open(rel, _O_DIR, dir_fd=root)
                     except OSError:
                         continue
                     try:
-                        for path, de in _walk_tree(sub, rel):
+                        for path, de, fd in _walk_tree(sub, rel):
                             fst = de.stat(follow_symlinks=False)
-                            read = lambda p=path: _content(str(self.root / p))  # noqa: E731
-                            self._file(state, path, fst, prev.get(path), read)
+                            self._file(state, path, fst, prev.get(path), _reader(fd, de.name))
                             _link(state.children, path, dirty)
                     finally:
                         os.close(sub)
                 elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                    self._file(state, rel, st, prev.get(rel), lambda rel=rel: _content(str(self.root / rel)))
+                    self._file(state, rel, st, prev.get(rel), _reader(root, rel))
                     _link(state.children, rel, dirty)
         finally:
             os.close(root)
         self._trees(state, dirty)
-        if before is None or before != state.files.keys():
-            state.order = None
 
     def _trees(self, state: RepoState, dirty: set[str]) -> None:
         """Recompute the trees of `dirty` directories and all their ancestors, deepest first."""
@@ -527,55 +414,99 @@ class Repo:
                     items.append((name.encode("utf-8", "surrogateescape"), mode, f.oid))
                 elif rel in state.trees:
                     items.append((name.encode("utf-8", "surrogateescape") + b"/", b"40000", state.trees[rel]))
+            old = state.trees.get(d)
             if not items and d:
-                state.trees.pop(d, None)
+                if old is not None:
+                    del state.trees[d]
+                    state.unref(old)
                 continue
             items.sort(key=lambda it: it[0])
             data = b"".join(mode + b" " + name.rstrip(b"/") + b"\0" + oid for name, mode, oid in items)
-            state.trees[d] = self.store.put(b"tree", data)
+            new = self.store.put(b"tree", data)
+            if new != old:
+                state.ref(new)
+                if old is not None:
+                    state.unref(old)
+                state.trees[d] = new
         # directories with no file below them: gone from the trees (git keeps no empty directory)
         for d in [d for d in state.trees if d and d not in todo and d not in state.children]:
-            del state.trees[d]
+            state.unref(state.trees.pop(d))
 
     # -- refs, index, pruning -------------------------------------------------------------------
 
     def commit(self, state: RepoState, head: Head) -> bytes:
         """The commit of `state`'s root tree, HEAD on it, the index written, every object no
-        longer reachable removed. Returns the commit id."""
-        root_tree = state.trees.get("") or self.store.put(b"tree", b"")
+        longer reachable removed (a loose one unlinked, a packed one marked dead). Returns the
+        commit id."""
+        root_tree = state.trees.get("")
+        if root_tree is None:
+            root_tree = self.store.put(b"tree", b"")
+            if root_tree not in state.refs:
+                state.ref(root_tree)  # the empty tree of an empty workspace: HEAD's
         body = b"tree %s\nauthor %s\ncommitter %s\n\n%s" % (root_tree.hex().encode(), IDENT, IDENT, MESSAGE)
-        state.commit = self.store.put(b"commit", body)
+        commit = self.store.put(b"commit", body)
+        if commit != state.commit:
+            state.ref(commit)
+            if state.commit:
+                state.unref(state.commit)
+        moved = commit != state.commit or head != state.head
+        state.commit = commit
         ref = f"refs/heads/{head.branch}" if head.branch else None
+        if head != state.head:
+            self._clear_refs(ref)
+        if moved:
+            if ref is not None:
+                self._mkdirs(Path(ref).parent)
+                self._replace(ref, commit.hex().encode() + b"\n")
+                if head != state.head:
+                    self._replace("HEAD", f"ref: {ref}\n".encode())
+            else:
+                self._replace("HEAD", commit.hex().encode() + b"\n")
+        state.head = head
+        if self.split:
+            if state.index.changed or not state.index.shared_id:
+                files = state.files
+                state.index.write(
+                    str(self.dotgit),
+                    lambda p: e.packed if (e := files.get(p)) is not None else None,
+                    lambda: {p: e.packed for p, e in files.items()},
+                    self.owner,
+                )
+            ist = os.lstat(self.dotgit / "index")
+            state.index_id = (ist.st_ino, ist.st_size, ist.st_mtime_ns)
+        else:
+            names = sorted(state.files, key=lambda p: p.encode("utf-8", "surrogateescape"))
+            self._replace("index", index_file(state.files[p].packed for p in names))
+            state.index.changed = set()
+        if state.scanned:
+            self.store.keep_only(set(state.refs))
+            state.scanned = False
+        else:
+            self.store.remove([oid for oid in state.unreferenced if oid not in state.refs])
+        state.unreferenced = set()
+        state.have, state.packs, state.dead = self.store.have, self.store.packs, self.store.dead
+        return commit
+
+    def purge(self, state: RepoState) -> int:
+        """The packs rewritten without their dead objects (see MirrorRepos.refresh)."""
+        gone = self.store.purge(consolidate=len(self.store.packs) > MAX_PACKS)
+        state.have, state.packs, state.dead = self.store.have, self.store.packs, self.store.dead
+        return gone
+
+    def _clear_refs(self, ref: str | None) -> None:
+        """Every ref but `ref` removed, and every file of a repository's history (a `.git`
+        another process left, or one this process finds for the first time)."""
         heads = self.dotgit / "refs" / "heads"
         for p in sorted(heads.rglob("*"), reverse=True) if heads.is_dir() else []:
             rel = p.relative_to(self.dotgit).as_posix()
             if rel != ref and not (ref or "").startswith(rel + "/"):
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        if ref is not None:
-            self._mkdirs(Path(ref).parent)
-            self._replace(ref, state.commit.hex().encode() + b"\n")
-            self._replace("HEAD", f"ref: {ref}\n".encode())
-        else:
-            self._replace("HEAD", state.commit.hex().encode() + b"\n")
         for stale in ("packed-refs", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "logs", "hooks", "info"):
             p = self.dotgit / stale
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             elif p.exists() or p.is_symlink():
                 p.unlink()
-        if state.order is None or len(state.order) != len(state.files):  # a path came or went
-            state.order = sorted(state.files, key=lambda p: p.encode("utf-8", "surrogateescape"))
-        entries = [state.files[p].packed for p in state.order]
-        body = b"DIRC" + struct.pack(">II", 2, len(entries)) + b"".join(entries)
-        self._replace("index", body + hashlib.sha1(body).digest(), mode=0o644)
-        ist = os.lstat(self.dotgit / "index")
-        state.index_id = (ist.st_ino, ist.st_size, ist.st_mtime_ns)
-        reachable = {e.oid for e in state.files.values()} | set(state.trees.values()) | {state.commit}
-        if not state.trees:
-            reachable.add(root_tree)
-        self.store.keep_only(reachable)
-        state.objects = self.store.have
-        return state.commit
 
     def _replace(self, rel: str, data: bytes, mode: int = 0o644) -> None:
         """Write `rel` in `.git` by a new file renamed over the old (never in place)."""
@@ -584,7 +515,7 @@ class Repo:
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, _O_NEW, mode)
         try:
-            os.write(fd, data)
+            write_all(fd, data)
             if self.owner is not None:
                 os.fchown(fd, *self.owner)
         finally:
@@ -619,20 +550,21 @@ class Repo:
         return out
 
 
-def _content(path: str) -> bytes | None:
-    """A staged node's content: a file's bytes, a symlink's target."""
+def _reader(dir_fd: int, name: str) -> Callable[[], bytes | None]:
+    return lambda: _content_at(dir_fd, name)
+
+
+def _content_at(dir_fd: int, name: str) -> bytes | None:
+    """A staged node's content: a file's bytes, a symlink's target (`name` under `dir_fd`)."""
     try:
-        st = os.lstat(path)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
-            return os.fsencode(os.readlink(path))
-        fd = os.open(path, _O_READ)
+            return os.fsencode(os.readlink(name, dir_fd=dir_fd))
+        fd = os.open(name, _O_READ, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, max(1 << 20, st.st_size + 1)):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_all(fd, st.st_size)
     except OSError:
         return None
     finally:
@@ -719,10 +651,22 @@ class MirrorRepos:
         workspace: Path,
         owner: tuple[int, int] | None,
         base: Manifest | None = None,
+        *,
+        changed: Iterable[str] | None = None,
+        purge: bool = False,
     ) -> None:
-        """Bring the repository in the mirror generation `tree` up to date with that tree. With
-        `base` (the mirror's whole manifest) and a state this process wrote whose index is still
-        the one on disk, only the paths whose entries differ are looked at."""
+        """Bring the repository in the mirror generation `tree` up to date with that tree.
+
+        With a state this process wrote whose index is still the one on disk, only some paths
+        are looked at: `changed` when the caller knows them (the keeper's incremental refresh,
+        `base` then the manifest they are part of), else those whose entries differ between the
+        `base` given last time and this one (a walk). Otherwise every node is `lstat`ed.
+
+        `purge` (a walk's) rewrites the packs without their dead objects. Between walks a pack
+        may keep earlier versions of files this mirror staged (each was in the agent's copy under
+        the same policy and the same withheld files); a walk follows any change to a withheld
+        file, a policy change rebuilds the mirror, and walks come at least every
+        `keeper.WALK_EVERY_S`, so no object outlives the conditions it was staged under."""
         if not ENABLED:
             return
         head = workspace_head(workspace)
@@ -733,16 +677,29 @@ class MirrorRepos:
                 if (tree / DOTGIT).is_dir() and not (tree / DOTGIT).is_symlink():
                     shutil.rmtree(tree / DOTGIT)
                 return
-            repo = Repo(tree, owner)
+            repo = Repo(tree, owner, split=True)
             state = self._states.pop(key, None)
-            changed = None
-            if state is not None and base is not None and self._vouched(tree, state):
-                changed = _differs(state.manifest, base)
-            else:
+            paths: list[str] | None = None
+            if state is not None and self._vouched(tree, state):
+                if changed is not None:
+                    paths = list(changed)
+                    if base is not None:
+                        for rel in paths:
+                            e = base.get(rel)
+                            if e is None:
+                                state.manifest.pop(rel, None)
+                            else:
+                                state.manifest[rel] = e
+                elif base is not None:
+                    paths = _differs(state.manifest, base)
+            if paths is None:
                 state = None
-            state = repo.build(head, state, changed)
+            state = repo.build(head, state, paths)
             repo.commit(state, head)
-            state.manifest = dict(base) if base is not None else {}
+            if purge or len(state.packs) > MAX_PACKS:
+                repo.purge(state)
+            if paths is None or changed is None:
+                state.manifest = dict(base) if base is not None else {}
             self._states[key] = state
 
     @staticmethod

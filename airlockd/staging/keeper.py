@@ -257,8 +257,13 @@ class MirrorKeeper:
                 mirror.begin(gen)
                 stamp = mirror.stamp()
                 stager = Incremental(policy, clearance, owner, redactor, None, cache=st.cache)
+                if len(st.rules) > 2 * len(st.base) + 10_000:  # paths come and go: forget the gone
+                    st.rules.clear()
+                stager.rules = st.rules
                 line = apply(self.workspace, st, changes, stager, mirror.tree(gen), stamp, stats)
-                gitcopy.MIRRORS.refresh(mirror.root, mirror.tree(gen), self.workspace, owner, st.base)
+                gitcopy.MIRRORS.refresh(
+                    mirror.root, mirror.tree(gen), self.workspace, owner, st.base, changed=stager.changed
+                )
                 size = mirror.append_cache(line)
                 if size > COMPACT_LOG_BYTES:
                     mirror.write_cache(dump(st.cache, st.base, st.digest, stamp, st.result()))

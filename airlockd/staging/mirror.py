@@ -167,7 +167,7 @@ class Mirror:
             stamp = self.stamp()
             stager = MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
             self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-            gitcopy.MIRRORS.refresh(self.root, self.tree(gen), workspace, owner, stager.result.base)
+            gitcopy.MIRRORS.refresh(self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True)
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
             changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)

@@ -60,6 +60,7 @@ class KeptState:
     children: dict[str, set[str]] = field(default_factory=dict)
     links: set[str] = field(default_factory=set)
     ids: list[Ident] = field(default_factory=list)  # the files withheld by path, by identity
+    rules: dict[tuple[str, bool], str | None] = field(default_factory=dict)  # path verdicts (`_path_rule`)
 
     def index(self) -> None:
         self.children = {}
@@ -123,6 +124,7 @@ class Incremental(MirrorStager):
     went): what is a copy of one may have changed anywhere, so the keeper walks."""
 
     identity_changed = False
+    changed: list[str] | None = None  # after `apply`: the paths whose entries changed (no directory)
 
     def keep_dir(self, src: int, dst: int, rel: str) -> None:
         """An existing subdirectory whose contents are not in question: its own entry only."""
@@ -309,6 +311,7 @@ def _fold(
             dropped.append(rel)
     touched = scope | new_base.keys() | stager.new.keys()
     touched |= {w.path for w in res.withheld} | {s.path for s in res.skipped}
+    before = {rel: st.base.get(rel) for rel in scope | new_base.keys()}
     nodes: dict[str, Entry | None] = {}
     for rel in scope:
         e = st.base.pop(rel, None)
@@ -355,6 +358,11 @@ def _fold(
             st.withheld[rel] = ESCAPE
             nodes[rel] = None
             scope.add(rel)
+    stager.changed = []
+    for rel, old in before.items():
+        now = st.base.get(rel)
+        if now != old and (now is None or now.kind is not Kind.DIR):
+            stager.changed.append(rel)
     # removals first (a removed directory takes its subtree), then what is there now
     st.tree.update({p: None for p, e in nodes.items() if e is None})
     st.tree.update({p: e for p, e in nodes.items() if e is not None})

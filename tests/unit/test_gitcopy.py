@@ -41,8 +41,11 @@ def assert_no_secret(copy: Path) -> None:
     assert objs and SECRET.encode() not in objs
 
 
-def assert_fresh_repo(copy: Path, files: set[str], branch: str | None = "feature/x") -> str:
-    """One commit, on `branch`, fsck-clean, its tree exactly `files`, nothing unreachable; the
+def assert_fresh_repo(
+    copy: Path, files: set[str], branch: str | None = "feature/x", earlier: frozenset[str] = frozenset()
+) -> str:
+    """One commit, on `branch`, fsck-clean, its tree exactly `files`, nothing unreachable but
+    objects of `earlier` (earlier versions of staged files, in a pack between walks); the
     commit id."""
     commits = git(copy, "log", "--all", "--format=%H %an <%ae> %P").split("\n")[:-1]
     assert len(commits) == 1 and commits[0].endswith(" airlockd <airlockd@localhost> "), commits
@@ -52,11 +55,12 @@ def assert_fresh_repo(copy: Path, files: set[str], branch: str | None = "feature
         assert git(copy, "symbolic-ref", "HEAD", check=False) == ""
     assert git(copy, "for-each-ref", "--format=%(refname)").split() == ([f"refs/heads/{branch}"] if branch else [])
     git(copy, "fsck", "--strict", "--no-progress")
-    assert git(copy, "fsck", "--unreachable", "--no-progress") == ""
+    unreachable = {line.split()[-1] for line in git(copy, "fsck", "--unreachable", "--no-progress").splitlines()}
+    assert unreachable <= earlier, unreachable - earlier
     assert set(git(copy, "ls-tree", "-r", "--name-only", "-z", "HEAD").split("\0")[:-1]) == files
     reachable = git(copy, "rev-list", "--objects", "--all").splitlines()
     stored = git(copy, "cat-file", "--batch-all-objects", "--batch-check").splitlines()
-    assert len(reachable) == len(stored)
+    assert len(reachable) + len(unreachable) == len(stored)
     assert git(copy, "status", "--porcelain") == ""
     assert not (copy / ".git/logs").exists() and not (copy / ".git/hooks").exists()
     assert "remote" not in (copy / ".git/config").read_text()
@@ -127,15 +131,23 @@ def test_keeper_incremental_refresh_keeps_the_repository_exact(tmp_path: Path, p
     try:
         view = keeper.refresh(policy, Level.INTERNAL)
         assert_fresh_repo(view.tree, {"src/app.py", "README.md"})
+        first = frozenset(line.split()[0] for line in git(view.tree, "rev-list", "--objects", "--all").splitlines())
         (ws / "src" / "app.py").write_text("KEY = 3\n")
         (ws / "src" / "new.py").write_text("NEW = 1\n")
         (ws / "README.md").unlink()
         git(ws, "checkout", "-q", "-b", "other")  # the branch follows the workspace's HEAD
         view = keeper.refresh(policy, Level.INTERNAL)
         assert view.stats.read >= 2  # incremental: the keeper read only what changed
-        assert_fresh_repo(view.tree, {"src/app.py", "src/new.py"}, branch="other")
+        # earlier versions of the files stay in the cold build's pack until the next walk
+        assert_fresh_repo(view.tree, {"src/app.py", "src/new.py"}, branch="other", earlier=first)
         assert git(view.tree, "show", "HEAD:src/app.py") == "KEY = 3\n"
         assert_no_secret(view.tree)
+        (ws / "src" / "app.py").write_text("KEY = 4\n")
+        view = keeper.refresh(policy, Level.INTERNAL)
+        assert git(view.tree, "status", "--porcelain") == ""  # the split index, as git reads it
+        view = keeper.refresh(policy, Level.INTERNAL, walk=True)  # a walk purges the pack
+        assert_fresh_repo(view.tree, {"src/app.py", "src/new.py"}, branch="other")
+        assert git(view.tree, "show", "HEAD:src/app.py") == "KEY = 4\n"
     finally:
         keeper.close()
 
@@ -185,3 +197,160 @@ def test_objects_are_what_git_writes(tmp_path: Path) -> None:
     raw = b"".join(gitcopy.stored_zlib(b"blob %d\0" % len(data), data))
     assert zlib.decompress(raw) == b"blob %d\0" % len(data) + data
     assert zlib.decompress(b"".join(gitcopy.stored_zlib(b"blob 0\0", b""))) == b"blob 0\0"
+
+
+# -- the split index, the pack, and what a purge keeps out -------------------------------------------
+
+
+def _ls_files(tree: Path) -> dict[str, str]:
+    out = {}
+    for line in git(tree, "ls-files", "-s", "-z").split("\0")[:-1]:
+        meta, path = line.split("\t", 1)
+        out[path] = meta.split()[1]
+    return out
+
+
+def test_split_index_across_many_refreshes_reads_as_git_reads_it(tmp_path: Path) -> None:
+    """Random adds, edits and removals over refreshes, past a rewrite of the shared index: git
+    reads the split index as exactly the tree, `git status` is clean, another process reads it
+    back the same, and git's own writes (the agent's `git add`) keep working on it."""
+    import random
+
+    from airlockd.staging.gitindex import SHARE_AGAIN, read_index
+
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    rnd = random.Random(7)
+    live: set[str] = set()
+    for i in range(300):
+        rel = f"d{i % 7}/sub{i % 3}/f{i}.txt"
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(f"file {i}\n")
+        live.add(rel)
+    head = gitcopy.Head("main")
+    repo = gitcopy.Repo(tree, None, split=True)
+    state = repo.build(head)
+    repo.commit(state, head)
+    shared_ids = {state.index.shared_id}
+    for step in range(40):
+        changed = []
+        for _ in range(rnd.randint(1, 12)):
+            op = rnd.random()
+            if op < 0.4 and live:
+                rel = rnd.choice(sorted(live))
+                (tree / rel).write_text(f"edit {step} {rnd.random()}\n")
+            elif op < 0.7 and live:
+                rel = rnd.choice(sorted(live))
+                (tree / rel).unlink()
+                live.discard(rel)
+            else:
+                rel = f"n{step % 5}/new{step}-{rnd.randint(0, 10**6)}.txt"
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tree / rel).write_text(f"new {step}\n")
+                live.add(rel)
+            changed.append(rel)
+        repo = gitcopy.Repo(tree, None, split=True)
+        state = repo.build(head, state, changed)
+        repo.commit(state, head)
+        shared_ids.add(state.index.shared_id)
+        assert git(tree, "status", "--porcelain", "--untracked-files=no") == "", step
+        on_disk = read_index(str(tree / ".git"))
+        assert set(on_disk) == live and set(_ls_files(tree)) == live
+        assert {p: v[0].hex() for p, v in on_disk.items()} == _ls_files(tree)
+    assert len(shared_ids) > 1, f"the shared index was never written again (SHARE_AGAIN={SHARE_AGAIN})"
+    shared = sorted(p.name for p in (tree / ".git").glob("sharedindex.*"))
+    assert shared == [f"sharedindex.{state.index.shared_id.hex()}"]
+    commit = state.commit
+    # another process: the state rebuilt from the split index on disk gives the same commit
+    repo = gitcopy.Repo(tree, None, split=True)
+    again = repo.build(head)
+    assert repo.commit(again, head) == commit
+    git(tree, "fsck", "--strict", "--no-progress")
+    # the agent's git on the split index
+    some = sorted(live)[0]
+    (tree / some).write_text("agent\n")
+    git(tree, "add", some)
+    git(tree, "commit", "-qm", "agent")
+    assert git(tree, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_pack_verifies_and_a_purge_keeps_only_what_is_reachable(tmp_path: Path) -> None:
+    from airlockd.staging.gitobjects import read_pack
+
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(50):
+        (tree / f"f{i}.bin").write_bytes(os.urandom(70_000 + i))  # several stored blocks each
+    (tree / "empty").write_bytes(b"")
+    head = gitcopy.Head("main")
+    repo = gitcopy.Repo(tree, None, split=True)
+    state = repo.build(head)
+    repo.commit(state, head)
+    (pack,) = (tree / ".git/objects/pack").glob("*.pack")
+    assert "ok" in subprocess.run(["git", "verify-pack", "-v", str(pack)], capture_output=True, text=True).stdout
+    name = pack.name[:-5]
+    back = read_pack(pack.parent, name)
+    assert back is not None and back.objects == state.packs[name].objects
+    old = gitcopy.blob_id((tree / "f3.bin").read_bytes())
+    (tree / "f3.bin").write_bytes(b"now other bytes\n")
+    (tree / "f4.bin").unlink()
+    repo = gitcopy.Repo(tree, None, split=True)
+    state = repo.build(head, state, ["f3.bin", "f4.bin"])
+    repo.commit(state, head)
+    assert bytes.fromhex(old) in state.dead  # packed: dead until the purge
+    assert repo.purge(state) >= 2
+    assert not state.dead
+    stored = git(tree, "cat-file", "--batch-all-objects", "--batch-check").splitlines()
+    assert not [s for s in stored if s.startswith(old)]
+    git(tree, "fsck", "--strict", "--no-progress")
+    assert git(tree, "fsck", "--unreachable", "--no-progress") == ""
+    for p in (tree / ".git/objects/pack").glob("*.pack"):
+        subprocess.run(["git", "verify-pack", str(p)], check=True, capture_output=True)
+
+
+def test_ewah_bitmaps_round_trip() -> None:
+    import random
+
+    from airlockd.staging.gitindex import ewah, ewah_bits
+
+    rnd = random.Random(3)
+    for n in (0, 1, 5, 64, 200, 3000):
+        bits = sorted(rnd.sample(range(max(n * 3, 1) + 130), n))
+        data = ewah(bits) + b"tail"
+        got, end = ewah_bits(data, 0)
+        assert got == bits and data[end:] == b"tail"
+    assert ewah_bits(ewah(range(0, 640)), 0)[0] == list(range(640))  # consecutive literal words
+
+
+def test_a_copy_of_a_withheld_file_leaves_the_mirrors_pack(tmp_path: Path, policy: Policy) -> None:
+    """A clean file in the cold build's pack whose bytes then become a withheld file's (a new
+    `.env` with the same content): the file is withheld by identity, and the repository holds
+    no object with those bytes, packed or loose."""
+    ws = history_workspace(tmp_path, packed=False)
+    value = "TOKEN=" + "a-value-that-is-withheld-" + "9d2e"
+    (ws / "notes.txt").write_text(value + "\n")
+    keeper = MirrorKeeper(ws, tmp_path / "state")
+    if keeper.start() is not None:
+        pytest.skip(f"no inotify: {keeper.why}")
+    try:
+        view = keeper.refresh(policy, Level.INTERNAL)
+        assert "notes.txt" in git(view.tree, "ls-files")
+        (ws / "sub").mkdir()
+        (ws / "sub" / ".env").write_text(value + "\n")
+        view = keeper.refresh(policy, Level.INTERNAL)
+        assert not (view.tree / "notes.txt").exists()
+        objs = subprocess.run(
+            ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
+        ).stdout
+        assert value.encode() not in objs
+        for p in (view.tree / ".git").rglob("*"):
+            if p.is_file():
+                assert value.encode() not in p.read_bytes(), p
+    finally:
+        keeper.close()

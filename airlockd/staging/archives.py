@@ -2,9 +2,11 @@
 
 A `.zip` or `.tar.gz` holding `.env` or `id_rsa` hands it to the agent as surely as the file
 itself. Staging asks `ArchiveScanner` about every file whose first bytes say it is an archive
-(zip, tar; gzip, bzip2 and xz streams, whatever their payload: recognised by magic bytes, never
-by extension; `sniff` is all a non-archive costs). The scanner walks the members with the
-standard library, streaming where it can, nested archives to `max_depth` levels, and answers:
+(`archiveformats.sniff`: zip; tar, with the ustar magic or an old v7 header; ar, as `.a` and
+`.deb`; cpio; gzip, bzip2, xz and raw zlib streams, whatever their payload: recognised by their
+first bytes, never by extension; `sniff` is all a non-archive costs). The scanner walks the
+members with the standard library and the small readers of `archiveformats`, streaming where it
+can, nested archives to `max_depth` levels, and answers:
 
 - `archive:<member>:<rule>` when a member's path would be withheld (the walk's own path rule:
   withhold patterns, labels above the clearance, a secret in the name) or its content hits a
@@ -12,16 +14,20 @@ standard library, streaming where it can, nested archives to `max_depth` levels,
 - `archive-unscannable:<why>` (fail closed) when it cannot be scanned whole within the bounds:
   `too-big` (more than `max_bytes` uncompressed, nested included), `too-many-members`,
   `too-deep`, `ratio` (a compression bomb, stopped early), `encrypted`, `unsupported`
-  (a compression method the standard library lacks), `corrupt`;
+  (a compression method the standard library lacks, or a format it cannot open at all: zstd,
+  lz4, 7z, rar, whatever they hold), `corrupt`;
 - otherwise the SHA-256 of each member's content (`members`), so the walk can withhold the
   archive when one of them is a withheld file's content, whichever it meets first.
 
-Never extracts to disk, never follows a member's link, never reads past its bounds.
+A file that starts like a zlib stream but does not decompress as one is not one (a text that
+starts with "x^"): it is ordinary content. Never extracts to disk, never follows a member's link,
+never reads past its bounds.
 """
 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import hashlib
 import io
@@ -32,8 +38,21 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
+from airlockd.staging.archiveformats import (
+    EOCD,
+    EOCD_SPAN,
+    STREAMED,
+    UNSUPPORTED,
+    CorruptArchive,
+    Member,
+    Reader,
+    ZlibStream,
+    ar_members,
+    cpio_members,
+    sniff,
+)
 from airlockd.staging.secretscan import SecretScanner
 
 MAX_DEPTH = 3  # an archive in an archive in an archive; one deeper is unscannable
@@ -42,33 +61,6 @@ RATIO = 1000  # uncompressed / compressed past RATIO_FLOOR bytes: a bomb
 RATIO_FLOOR = 1 << 20
 MEMBER_CHARS = 120
 _READ = 1 << 20
-_EOCD = b"PK\x05\x06"
-_EOCD_SPAN = 65_557  # the end-of-central-directory record and the longest comment
-_BZ2_BLOCKS = (b"1AY&SY", b"\x17rE8P\x90")  # first block, or the end of an empty stream
-
-
-class _Reader(Protocol):
-    def read(self, n: int, /) -> bytes: ...
-
-
-def sniff(data: bytes, tail: bytes | None = None) -> str | None:
-    """The container kind `data` (a file's first bytes, or all of it) starts with: "zip",
-    "tar", "gzip", "bzip2", "xz"; "zip?" when only a zip's end record shows in `tail` (the
-    file's last bytes; `data` itself when None): possibly a zip with data before it."""
-    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"):
-        return "zip"
-    if data[:2] == b"\x1f\x8b":
-        return "gzip"
-    if data[:6] == b"\xfd7zXZ\x00":
-        return "xz"
-    if data[:3] == b"BZh" and data[3:4] in b"123456789" and len(data) >= 10 and data[4:10] in _BZ2_BLOCKS:
-        return "bzip2"
-    if data[257:262] == b"ustar":
-        return "tar"
-    end = data if tail is None else tail
-    if _EOCD in end[-_EOCD_SPAN:]:
-        return "zip?"
-    return None
 
 
 def trivial(size: int, data: bytes) -> bool:
@@ -88,6 +80,10 @@ class _Stop(Exception):
     def __init__(self, rule: str) -> None:
         super().__init__(rule)
         self.rule = rule
+
+
+class _NotZlib(Exception):
+    """What started like a zlib stream does not decompress: it is not one."""
 
 
 class _Budget:
@@ -139,21 +135,23 @@ class ArchiveScanner:
         kind = sniff(data)
         if kind is None:
             return None
-        return self._top(kind, io.BytesIO(data))
+        return self._top(kind, io.BytesIO(data), EOCD in data[-EOCD_SPAN:])
 
     def scan_fd(self, fd: int) -> ArchiveScan | None:
         """The verdict on the regular file open as `fd` (read with pread and a dup; the
         caller's offset is left alone); None when it is not an archive."""
         size = os.fstat(fd).st_size
         head = os.pread(fd, 512, 0)
-        kind = sniff(head, os.pread(fd, _EOCD_SPAN, max(0, size - _EOCD_SPAN)))
+        tail = os.pread(fd, EOCD_SPAN, max(0, size - EOCD_SPAN))
+        kind = sniff(head, tail)
         if kind is None:
             return None
         with os.fdopen(os.dup(fd), "rb") as fh:
             fh.seek(0)
-            return self._top(kind, fh)
+            return self._top(kind, fh, EOCD in tail)
 
-    def _top(self, kind: str, fh: IO[bytes]) -> ArchiveScan | None:
+    def _top(self, kind: str, fh: IO[bytes], zip_end: bool) -> ArchiveScan | None:
+        """`zip_end`: the file's tail holds a zip's end record (a zip with data before it)."""
         out = ArchiveScan()
         budget = _Budget(self.max_bytes, self.max_members)
         try:
@@ -166,6 +164,11 @@ class ArchiveScanner:
                     self._zip(zf, "", 1, budget, out)
             else:
                 self._open(kind, fh, "", 1, budget, out)
+        except _NotZlib:  # ordinary content after all; unless a zip follows what looked like zlib
+            if not zip_end:
+                return None
+            fh.seek(0)
+            return self._top("zip?", fh, False)
         except _Stop as stop:
             out.rule = stop.rule
         except RecursionError:
@@ -181,12 +184,13 @@ class ArchiveScanner:
             if kind in ("zip", "zip?"):
                 with zipfile.ZipFile(fh) as zf:
                     self._zip(zf, prefix, depth, budget, out)
-            elif kind == "tar":
-                with tarfile.open(fileobj=fh, mode="r|") as tf:
-                    self._tar(tf, prefix, depth, budget, out)
+            elif kind in STREAMED:
+                self._streamed(kind, fh, prefix, depth, budget, out)
+            elif kind in UNSUPPORTED:
+                raise _Stop("archive-unscannable:unsupported")
             else:
                 self._compressed(kind, fh, prefix, depth, budget, out)
-        except _Stop:
+        except (_Stop, _NotZlib):
             raise
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, ValueError, OSError):
             raise _Stop("archive-unscannable:corrupt") from None
@@ -211,6 +215,14 @@ class ArchiveScanner:
             with zf.open(info) as member:
                 self._content(_chunks(member, info.compress_size), name, depth, budget, out)
 
+    def _streamed(self, kind: str, fh: Reader, prefix: str, depth: int, budget: _Budget, out: ArchiveScan) -> None:
+        if kind == "tar":
+            with tarfile.open(fileobj=fh, mode="r|") as tf:  # type: ignore[call-overload]
+                self._tar(tf, prefix, depth, budget, out)
+        else:
+            members = ar_members if kind == "ar" else cpio_members
+            self._members(members(fh, budget.spend), prefix, depth, budget, out)
+
     def _tar(self, tf: tarfile.TarFile, prefix: str, depth: int, budget: _Budget, out: ArchiveScan) -> None:
         for info in tf:
             budget.member()
@@ -222,20 +234,33 @@ class ArchiveScanner:
                 continue
             self._content(_chunks(member, info.size), name, depth, budget, out)
 
+    def _members(self, members: Iterator[Member], prefix: str, depth: int, budget: _Budget, out: ArchiveScan) -> None:
+        for member in members:
+            budget.member()
+            name = self._name(prefix, member.name, member.is_dir)
+            self._content(_chunks(member.body, 0), name, depth, budget, out)
+
     def _compressed(self, kind: str, fh: IO[bytes], prefix: str, depth: int, budget: _Budget, out: ArchiveScan) -> None:
-        """A gzip / bzip2 / xz stream: a tar inside counts as one archive with it (`.tar.gz`);
-        any other payload is a member of its own, one level down."""
+        """A gzip / bzip2 / xz / zlib stream: a tar, ar or cpio inside counts as one archive with
+        it (`.tar.gz`, `.cpio.gz`); any other payload is a member of its own, one level down. A
+        zlib stream that fails to decompress is no stream (`_NotZlib`), once what it gave is
+        scanned."""
         start = fh.tell()
         with _decompressor(kind, fh) as raw:
             payload = _Ratio(raw, fh, start)
-            head = payload.peek_head()
-            if sniff(head, b"") == "tar":
-                with tarfile.open(fileobj=payload, mode="r|") as tf:
-                    self._tar(tf, prefix, depth, budget, out)
-                return
-            budget.member()
-            name = prefix or "(compressed payload)"
-            self._content(_chunks(payload, 0), name, depth, budget, out)
+            try:
+                inner = sniff(payload.peek_head(), b"")
+                if inner in STREAMED:
+                    self._streamed(inner, payload, prefix, depth, budget, out)
+                else:
+                    budget.member()
+                    name = prefix or "(compressed payload)"
+                    self._content(_chunks(payload, 0), name, depth, budget, out)
+            except (CorruptArchive, tarfile.TarError):
+                if not (isinstance(raw, ZlibStream) and raw.broken):
+                    raise
+            if isinstance(raw, ZlibStream) and raw.broken:
+                raise _NotZlib()
 
     # -- members ----------------------------------------------------------------------------------
 
@@ -269,7 +294,8 @@ class ArchiveScanner:
             self._detect(data, name)
             if not trivial(len(data), data):
                 out.members.setdefault(hashlib.sha256(data).hexdigest(), name)
-            self._open(kind, io.BytesIO(data), name, depth + 1, budget, out)
+            with contextlib.suppress(_NotZlib):  # then ordinary bytes, scanned and hashed above
+                self._open(kind, io.BytesIO(data), name, depth + 1, budget, out)
             return
         h = hashlib.sha256()
         size = 0
@@ -339,10 +365,12 @@ def _decompressor(kind: str, fh: IO[bytes]) -> io.BufferedIOBase:
         return gzip.GzipFile(fileobj=fh, mode="rb")
     if kind == "bzip2":
         return bz2.BZ2File(fh, "rb")
+    if kind == "zlib":
+        return ZlibStream(fh)
     return lzma.LZMAFile(fh, "rb")
 
 
-def _chunks(member: _Reader, compressed: int) -> Iterator[bytes]:
+def _chunks(member: Reader, compressed: int) -> Iterator[bytes]:
     """A member's bytes in chunks; for a zip member (`compressed` > 0), stopped as a bomb past
     RATIO times its compressed size."""
     given = 0

@@ -24,8 +24,9 @@ from airlockd.errors import AirlockError
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, kind_of
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.archiveformats import sniff
 from airlockd.staging.archives import MIN_IDENTITY as MIN_SOLID
-from airlockd.staging.archives import ArchiveScan, ArchiveScanner, sniff
+from airlockd.staging.archives import ArchiveScan, ArchiveScanner
 from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE

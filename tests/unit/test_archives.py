@@ -9,16 +9,19 @@ import gzip
 import io
 import lzma
 import os
+import struct
 import subprocess
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from airlockd.policy import Level, Policy, load_policy
-from airlockd.staging.archives import ArchiveScanner, sniff
+from airlockd.staging.archiveformats import UNSUPPORTED, sniff
+from airlockd.staging.archives import ArchiveScanner
 from airlockd.staging.copy import StageResult, stage
 from airlockd.staging.mirror import Mirror
 from airlockd.staging.secretscan import SecretScanner
@@ -43,6 +46,73 @@ def tar_bytes(members: dict[str, bytes], mode: str = "w") -> bytes:
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def v7_tar_bytes(members: dict[str, bytes]) -> bytes:
+    """A tar as Unix v7 wrote it: no ustar magic, nothing past the link name but zeros."""
+    out = []
+    for name, data in members.items():
+        head = bytearray(512)
+        head[0:100] = name.encode().ljust(100, b"\0")
+        for at, width, value in ((100, 8, 0o644), (108, 8, 0), (116, 8, 0), (124, 12, len(data)), (136, 12, 0)):
+            head[at : at + width] = b"%0*o\0" % (width - 1, value)
+        head[148:156] = b" " * 8
+        head[156] = ord("0")
+        head[148:156] = b"%06o\0 " % sum(head)
+        out += [bytes(head), data + bytes(-len(data) % 512)]
+    return b"".join(out) + bytes(1024)
+
+
+def ar_bytes(members: dict[str, bytes], *, bsd: bool = False) -> bytes:
+    """An ar archive (the GNU variant: `name/`, long names in `//`; or BSD's `#1/<length>`)."""
+
+    def member(field: bytes, data: bytes) -> bytes:
+        head = b"%-16s%-12d%-6d%-6d%-8o%-10d`\n" % (field, 0, 0, 0, 0o644, len(data))
+        return head + data + b"\n" * (len(data) % 2)
+
+    names, body = b"", []
+    for name, data in members.items():
+        raw = name.encode()
+        if bsd and (len(raw) > 16 or b" " in raw):
+            body.append(member(b"#1/%d" % len(raw), raw + data))
+        elif bsd:
+            body.append(member(raw, data))
+        elif len(raw) > 15:
+            body.append(member(b"/%d" % len(names), data))
+            names += raw + b"/\n"
+        else:
+            body.append(member(raw + b"/", data))
+    table = [member(b"//", names)] if names else []
+    return b"!<arch>\n" + b"".join(table + body)
+
+
+def cpio_bytes(members: dict[str, bytes], fmt: str = "newc") -> bytes:
+    """A cpio archive: "newc" (070701), "odc" (070707), "bin-le" or "bin-be" (0o070707 words)."""
+    out = []
+    for ino, (name, data) in enumerate([*members.items(), ("TRAILER!!!", b"")], 1):
+        raw = name.encode() + b"\0"
+        mode = 0o100644 if data or name != "TRAILER!!!" else 0
+        if fmt == "newc":
+            fields = (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(raw), 0)
+            head = b"070701" + b"".join(b"%08X" % f for f in fields)
+            out += [head, raw, bytes(-(len(head) + len(raw)) % 4), data, bytes(-len(data) % 4)]
+        elif fmt == "odc":
+            fields = (0, ino, mode, 0, 0, 1, 0, 0, len(raw), len(data))
+            head = b"070707" + b"%06o%06o%06o%06o%06o%06o%06o%011o%06o%011o" % fields
+            out += [head, raw, data]
+        else:
+            order = "<" if fmt == "bin-le" else ">"
+            words = (0o070707, 0, ino, mode, 0, 0, 1, 0, 0, 0, len(raw), len(data) >> 16, len(data) & 0xFFFF)
+            out += [struct.pack(order + "13H", *words), raw, bytes(len(raw) % 2), data, bytes(len(data) % 2)]
+    return b"".join(out)
+
+
+# Frames of the formats the standard library cannot open (each holds "A=1\n"; written by zstd
+# and lz4), and the signatures of 7z and rar followed by junk: withheld whatever they hold.
+ZSTD_FRAME = bytes.fromhex("28b52ffd0458210000413d310a663fe4f7")
+LZ4_FRAME = bytes.fromhex("04224d186440a704000080413d310a000000007979cb59")
+SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c\x00\x04" + bytes(24)
+RAR = b"Rar!\x1a\x07\x01\x00" + bytes(24)
 
 
 Stage = Callable[[Path, Path, Policy], StageResult]
@@ -217,3 +287,117 @@ def test_a_member_that_is_a_withheld_files_content_withholds_the_archive_in_eith
     assert rules["zzz/later.zip"] == "archive:x/y.cfg:copy-of-withheld"
     assert "empty.zip" not in rules
     assert not _staged(tmp_path / "out", "a.tar.xz") and not _staged(tmp_path / "out", "zzz/later.zip")
+
+
+def test_the_other_kinds_are_known_by_their_first_bytes_and_near_misses_are_not() -> None:
+    assert sniff(v7_tar_bytes({"a.txt": b"x"})) == "tar"
+    assert sniff(ar_bytes({"a.o": b"x"})) == "ar"
+    assert sniff(ar_bytes({"a-very-long-member-name.o": b"x"}, bsd=True)) == "ar"
+    assert sniff(b"!<arch>\n") == "ar"  # empty
+    for fmt in ("newc", "odc", "bin-le", "bin-be"):
+        assert sniff(cpio_bytes({"a": b"x"}, fmt)) == "cpio", fmt
+    assert sniff(zlib.compress(b"x")) == "zlib"
+    assert [sniff(d) for d in (ZSTD_FRAME, LZ4_FRAME, SEVEN_ZIP, RAR)] == list(UNSUPPORTED)
+    # texts and binaries that only start like one
+    assert sniff(b"!<arch>\nis how an ar archive starts; this is prose about it.\n" * 4) is None
+    assert sniff(b"!<arch" + b" and more text\n" * 40) is None
+    assert sniff(b"070701 is a cpio magic, and this line is text\n" * 4) is None
+    assert sniff(b"\xc7\x71" + bytes(range(200))) is None  # a binary cpio's magic, no header
+    broken = bytearray(v7_tar_bytes({"a.txt": b"x"}))
+    broken[0] ^= 1  # the checksum no longer adds up
+    assert sniff(bytes(broken)) is None
+    assert sniff(b"x = 1\n" + b"y" * 600) is None  # "x " would be a zlib header with a dictionary
+    assert sniff(b"\x28\xb5\x2f\xfd\x08") is None  # a zstd frame's reserved bit set
+
+
+def test_the_other_kinds_withhold_what_they_hold(tmp_path: Path, policy: Policy, stage_fn: Stage) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = ENV.encode()
+    (ws / "old.tar").write_bytes(v7_tar_bytes({"conf/.env": env, "a.txt": b"fine\n"}))
+    (ws / "libkeys.a").write_bytes(ar_bytes({"util.o": b"\x7fELF", "a-long-member-name.pem": b"-\n"}))
+    (ws / "bsd.a").write_bytes(ar_bytes({"util.o": b"\x7fELF", "id_rsa": b"k\n"}, bsd=True))
+    (ws / "bsdlong.a").write_bytes(ar_bytes({"name with spaces/.npmrc": b"k\n"}, bsd=True))
+    data = tar_bytes({"etc/app/.env": env, "usr/bin/app": b"\x7fELF"}, "w:xz")
+    deb = ar_bytes({"debian-binary": b"2.0\n", "control.tar.gz": tar_bytes({"control": b"Package: x\n"}, "w:gz")})
+    (ws / "app.deb").write_bytes(deb)
+    (ws / "pkg.deb").write_bytes(ar_bytes({"debian-binary": b"2.0\n", "data.tar.xz": data}))
+    (ws / "newc.cpio").write_bytes(cpio_bytes({"home/u/.ssh/config": b"Host x\n"}))
+    (ws / "odc.cpio").write_bytes(cpio_bytes({"db/.pgpass": b"h:1:d:u:p\n"}, "odc"))
+    (ws / "le.cpio").write_bytes(cpio_bytes({"keys/id_ed25519": b"k\n"}, "bin-le"))
+    (ws / "be.cpio").write_bytes(cpio_bytes({"keys/id_ed25519": b"k\n"}, "bin-be"))
+    (ws / "initrd.img").write_bytes(gzip.compress(cpio_bytes({"etc/.env": env})))
+    (ws / "obj.z").write_bytes(zlib.compress(f"key={AWS}\n".encode()))
+    (ws / "tar.z").write_bytes(zlib.compress(tar_bytes({"a/.env": env})))
+    for name, frame in zip(("a.zst", "a.lz4", "a.7z", "a.rar"), (ZSTD_FRAME, LZ4_FRAME, SEVEN_ZIP, RAR), strict=True):
+        (ws / name).write_bytes(frame)
+    (ws / "nested.tgz").write_bytes(tar_bytes({"x.tar.zst": ZSTD_FRAME}, "w:gz"))
+    # what zlib looked like but is not, with a zip after it
+    (ws / "sfx.bin").write_bytes(b"x\x9c" + b"not deflate" * 10 + zip_bytes({"app/.env": env}))
+    res = stage_fn(ws, tmp_path / "out", policy)
+    rules = _rules(res)
+    assert rules == {
+        "old.tar": "archive:conf/.env:withhold:.env",
+        "libkeys.a": "archive:a-long-member-name.pem:withhold:*.pem",
+        "bsd.a": "archive:id_rsa:withhold:id_rsa*",
+        "bsdlong.a": "archive:name with spaces/.npmrc:withhold:.npmrc",
+        "pkg.deb": "archive:data.tar.xz/etc/app/.env:withhold:.env",
+        "newc.cpio": "archive:home/u/.ssh/config:withhold:.ssh/",
+        "odc.cpio": "archive:db/.pgpass:withhold:.pgpass",
+        "le.cpio": "archive:keys/id_ed25519:withhold:id_ed25519*",
+        "be.cpio": "archive:keys/id_ed25519:withhold:id_ed25519*",
+        "initrd.img": "archive:etc/.env:withhold:.env",
+        "obj.z": "archive:(compressed payload):detector:aws-access-key",
+        "tar.z": "archive:a/.env:withhold:.env",
+        "a.zst": "archive-unscannable:unsupported",
+        "a.lz4": "archive-unscannable:unsupported",
+        "a.7z": "archive-unscannable:unsupported",
+        "a.rar": "archive-unscannable:unsupported",
+        "nested.tgz": "archive-unscannable:unsupported",
+        "sfx.bin": "archive:app/.env:withhold:.env",
+    }
+    for rel in rules:
+        assert not _staged(tmp_path / "out", rel)
+    assert _staged(tmp_path / "out", "app.deb")
+
+
+def test_texts_and_binaries_that_only_look_like_the_other_kinds_are_staged(
+    tmp_path: Path, policy: Policy, stage_fn: Stage
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    near = {
+        "x-marks.txt": b"x^2 + y^2 = r^2 is a circle\n",  # a zlib header that does not decompress
+        "window.txt": b"XG" + b"-" * 300 + b"\n",
+        "ar.md": b"!<arch>\nis how an ar archive starts.\n",
+        "cpio.txt": b"070701" + b"0" * 104 + b"\nnot a name\n",
+        "bin.dat": b"\xc7\x71" + bytes(range(1, 256)) * 4,
+        "half.tar": v7_tar_bytes({"a.txt": b"fine\n"})[:700],
+    }
+    for name, data in near.items():
+        (ws / name).write_bytes(data)
+    (ws / "plain.a").write_bytes(ar_bytes({"util.o": b"\x7fELF" + bytes(100), "very-long-object-name.o": b"x"}))
+    (ws / "plain.cpio").write_bytes(cpio_bytes({"src/a.py": b"x = 1\n"}, "odc"))
+    (ws / "plain.z").write_bytes(zlib.compress(b"just some text, nothing secret\n"))
+    res = stage_fn(ws, tmp_path / "out", policy)
+    rules = _rules(res)
+    assert rules == {"half.tar": "archive-unscannable:corrupt"}  # a tar header, then cut: fail closed
+    for name in [*near, "plain.a", "plain.cpio", "plain.z"]:
+        if name not in rules:
+            assert (tmp_path / "out" / name).read_bytes() == (ws / name).read_bytes(), name
+
+
+def test_the_other_kinds_stop_within_the_bounds() -> None:
+    scanner = ArchiveScanner(lambda p, d: None, SecretScanner([]), str, max_bytes=4 << 20, max_members=10)
+    many = ar_bytes({f"m{i}.o": b"x" for i in range(20)})
+    big = cpio_bytes({"big.bin": bytes(5 << 20)})
+    bomb = zlib.compress(bytes(64 << 20), 9)
+    claims = ar_bytes({"a.o": b"x"}).replace(b"1         `", b"999999999 `")  # a size past the end
+    unlimited = ArchiveScanner(lambda p, d: None, SecretScanner([]), str, max_bytes=4 << 30, max_members=10)
+    verdicts = [scanner.scan_bytes(d) for d in (many, big, claims)] + [unlimited.scan_bytes(bomb)]
+    assert [v and v.rule for v in verdicts] == [
+        "archive-unscannable:too-many-members",
+        "archive-unscannable:too-big",
+        "archive-unscannable:corrupt",
+        "archive-unscannable:ratio",
+    ]

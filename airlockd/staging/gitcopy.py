@@ -13,7 +13,7 @@ of its own staged files: see `MirrorRepos.refresh`). Everything is owned by the 
 `git status`, `git diff`, `git add` and `git commit` as its own uid.
 
 The objects are written here, not by the `git` binary (`git add` of the 20,000-file benchmark
-tree takes 7 s): a cold build puts them in one packfile, later ones are loose objects
+tree takes 7 s): a cold build puts them in one packfile, each later refresh in a small one
 (staging/gitobjects.py; zlib streams of *stored* blocks, no compression: writing an object costs a
 copy); the index (staging/gitindex.py) carries each file's `lstat` data, so `git status` in the
 container trusts it without reading the files (with `core.trustctime=false`: a hard-link clone
@@ -22,8 +22,8 @@ of a mirror generation changes every ctime, never a file's inode, mtime or size)
 The mirror (staging/mirror.py) keeps its repository in each generation and brings it up to date
 on every refresh (`MirrorRepos.refresh`): a file whose node is unchanged keeps its object, the
 trees above a change are rewritten, a split index records what changed, objects no longer
-referenced are removed (counted, so a refresh costs what changed, not the tree's size): a loose
-one at once, a packed one at the next walk (see `MirrorRepos.refresh`). Within a process that
+referenced are marked dead (counted, so a refresh costs what changed, not the tree's size) and
+removed at the next walk (see `MirrorRepos.refresh`). Within a process that
 state is kept in memory (vouched for by the index file's identity); another process rebuilds it
 from the index on disk. Generations are hard-link clones (`cp -al`): no file is ever written in
 place (new objects and packs are new files, dead ones unlinked; the index, the shared index,
@@ -71,7 +71,7 @@ CONFIG = (
     b"[splitIndex]\n"
     b"\tsharedIndexExpire = never\n"
 )
-MAX_PACKS = 8  # past this many packs (a pack per restart that found changes), a purge joins them
+MAX_PACKS = 16  # past this many packs (one per refresh that changed something), the small are joined
 _HEAD_READ = 4096
 _BRANCH = re.compile(r"(?!.*\.\.)(?!.*//)(?!.*@\{)(?![-./])(?!.*[./]$)(?!.*\.lock(?:/|$))[A-Za-z0-9._/+-]{1,200}")
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -195,7 +195,8 @@ class RepoState:
     refs: dict[bytes, int] = field(default_factory=dict)  # object -> references (files, trees, HEAD)
     unreferenced: set[bytes] = field(default_factory=set)  # objects whose count fell to 0 since
     index: SplitIndex = field(default_factory=SplitIndex)
-    have: set[bytes] | None = None  # the store's objects, packs and dead packed objects
+    have: set[bytes] | None = None  # the store's objects, loose ones, packs, dead objects
+    loose: set[bytes] = field(default_factory=set)
     packs: dict[str, Pack] = field(default_factory=dict)
     dead: set[bytes] = field(default_factory=set)
     scanned: bool = False  # built by a scan of the whole tree: the store may hold anything else too
@@ -280,7 +281,7 @@ class Repo:
         if state is not None and changed is not None:
             if state.head is None:
                 self._skeleton()
-            self.store.adopt(state.have or set(), state.packs, state.dead)
+            self.store.adopt(state.have or set(), state.loose, state.packs, state.dead)
             self._update(state, changed)
         else:
             self._skeleton()
@@ -324,12 +325,9 @@ class Repo:
                 _link(state.children, rel)
             self._trees(state, set(state.children) | {""})
         except BaseException:
-            if self.store.writer is not None:
-                self.store.writer.abandon()
-                self.store.writer = None
+            self.store.abandon()
             raise
-        self.store.end_pack()
-        return state
+        return state  # the pack is finished by `commit`, with the commit in it
 
     def _file(
         self,
@@ -415,7 +413,7 @@ class Repo:
                 elif rel in state.trees:
                     items.append((name.encode("utf-8", "surrogateescape") + b"/", b"40000", state.trees[rel]))
             old = state.trees.get(d)
-            if not items and d:
+            if not items and d:  # no file below it any more (`_unlink` made it dirty): git keeps no empty directory
                 if old is not None:
                     del state.trees[d]
                     state.unref(old)
@@ -428,15 +426,12 @@ class Repo:
                 if old is not None:
                     state.unref(old)
                 state.trees[d] = new
-        # directories with no file below them: gone from the trees (git keeps no empty directory)
-        for d in [d for d in state.trees if d and d not in todo and d not in state.children]:
-            state.unref(state.trees.pop(d))
 
     # -- refs, index, pruning -------------------------------------------------------------------
 
     def commit(self, state: RepoState, head: Head) -> bytes:
         """The commit of `state`'s root tree, HEAD on it, the index written, every object no
-        longer reachable removed (a loose one unlinked, a packed one marked dead). Returns the
+        longer reachable marked dead (removed at the next purge). Returns the
         commit id."""
         root_tree = state.trees.get("")
         if root_tree is None:
@@ -484,13 +479,22 @@ class Repo:
         else:
             self.store.remove([oid for oid in state.unreferenced if oid not in state.refs])
         state.unreferenced = set()
-        state.have, state.packs, state.dead = self.store.have, self.store.packs, self.store.dead
+        self.store.end_pack()
+        self._keep(state)
         return commit
 
-    def purge(self, state: RepoState) -> int:
-        """The packs rewritten without their dead objects (see MirrorRepos.refresh)."""
-        gone = self.store.purge(consolidate=len(self.store.packs) > MAX_PACKS)
-        state.have, state.packs, state.dead = self.store.have, self.store.packs, self.store.dead
+    def _keep(self, state: RepoState) -> None:
+        state.have, state.loose, state.packs, state.dead = (
+            self.store.have,
+            self.store.loose,
+            self.store.packs,
+            self.store.dead,
+        )
+
+    def purge(self, state: RepoState, *, small_only: bool = False) -> int:
+        """The dead objects removed, the small packs joined (see MirrorRepos.refresh)."""
+        gone = self.store.purge(small_only=small_only)
+        self._keep(state)
         return gone
 
     def _clear_refs(self, ref: str | None) -> None:
@@ -662,8 +666,8 @@ class MirrorRepos:
         `base` then the manifest they are part of), else those whose entries differ between the
         `base` given last time and this one (a walk). Otherwise every node is `lstat`ed.
 
-        `purge` (a walk's) rewrites the packs without their dead objects. Between walks a pack
-        may keep earlier versions of files this mirror staged (each was in the agent's copy under
+        `purge` (a walk's) removes the dead objects and joins the small packs. Between walks the
+        store may keep earlier versions of files this mirror staged (each was in the agent's copy under
         the same policy and the same withheld files); a walk follows any change to a withheld
         file, a policy change rebuilds the mirror, and walks come at least every
         `keeper.WALK_EVERY_S`, so no object outlives the conditions it was staged under."""
@@ -697,7 +701,7 @@ class MirrorRepos:
             state = repo.build(head, state, paths)
             repo.commit(state, head)
             if purge or len(state.packs) > MAX_PACKS:
-                repo.purge(state)
+                repo.purge(state, small_only=not purge)
             if paths is None or changed is None:
                 state.manifest = dict(base) if base is not None else {}
             self._states[key] = state

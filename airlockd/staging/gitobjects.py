@@ -1,14 +1,16 @@
-"""The object store of the fresh repository (staging/gitcopy.py): object ids, stored zlib streams,
-loose objects, and packfiles.
+"""The object store of the fresh repository (staging/gitcopy.py): object ids, stored zlib streams
+and packfiles.
 
-A cold build writes its objects into one packfile (a file and its index, never one file per
-object: on a loaded disk a file's creation costs a third of a millisecond, and a 20,000-file tree
-has 25,000 objects); objects written later are loose. Objects are stored, never deltified nor
-compressed (zlib *stored* blocks: writing one costs a copy). The store knows what it holds
-(`have`); `remove` unlinks a loose object at once and marks a packed one dead; `purge` rewrites
-the packs without their dead objects (a copy of the live objects' bytes as they are, nothing
-decompressed). A file is never written in place: new files are new names, renamed into place,
-so a hard-link clone of the repository never changes under a run that mounts it.
+Every object is written into a packfile (a file and its index), never one file per object: on a
+loaded disk a file's creation costs a third of a millisecond, a 20,000-file tree has 25,000
+objects, and even a refresh's 30 (10 edited files and the trees above them) cost more as loose
+files than the rest of the refresh. A cold build writes one pack; each refresh that changes
+something, one small pack. Objects are stored, never deltified nor compressed (zlib *stored*
+blocks: writing one costs a copy). The store knows what it holds (`have`); `remove` marks an
+object dead; `purge` rewrites the packs without their dead objects (a copy of the live objects'
+bytes as they are, nothing decompressed) and joins the small packs into one. A file is never
+written in place: new files are new names, renamed into place, so a hard-link clone of the
+repository never changes under a run that mounts it.
 """
 
 from __future__ import annotations
@@ -242,41 +244,43 @@ def read_pack(pack_dir: Path, name: str) -> Pack | None:
 
 
 class ObjectStore:
-    """The objects of one repository: loose (a file each) and packed; each written once,
-    removed when no longer reachable."""
+    """The objects of one repository, each written once into a pack (`put` between
+    `begin_pack` and `end_pack`, or a pack begun by the first `put`); loose objects are only
+    read (another version's store) and removed. An object no longer reachable is marked dead;
+    `purge` removes the dead."""
 
     def __init__(self, dotgit: Path, owner: tuple[int, int] | None, digests: dict[str, Entry] | None) -> None:
         self.dir = dotgit / "objects"
         self.owner = owner
         self.digests = digests  # with a manifest to fill: each written file's entry (copy stager)
         self.have: set[bytes] | None = None  # every object on disk, loose or packed (None: not listed)
+        self.loose: set[bytes] = set()
         self.packs: dict[str, Pack] = {}
-        self.dead: set[bytes] = set()  # packed objects no longer reachable (gone at `purge`)
+        self.dead: set[bytes] = set()  # objects no longer reachable (gone at `purge`)
         self.writer: PackWriter | None = None
-        self._fanout: set[str] = set()
 
-    def adopt(self, have: set[bytes], packs: dict[str, Pack], dead: set[bytes]) -> None:
+    def adopt(self, have: set[bytes], loose: set[bytes], packs: dict[str, Pack], dead: set[bytes]) -> None:
         """Take what this process knew of the store (it wrote it last)."""
-        self.have, self.packs, self.dead = have, packs, dead
+        self.have, self.loose, self.packs, self.dead = have, loose, packs, dead
 
     def listing(self) -> set[bytes]:
         if self.have is None:
-            have: set[bytes] = set()
+            loose: set[bytes] = set()
             try:
                 with os.scandir(self.dir) as it:
                     fans = [de.name for de in it if len(de.name) == 2 and de.is_dir(follow_symlinks=False)]
             except FileNotFoundError:
                 fans = []
             for fan in fans:
-                self._fanout.add(fan)
                 with os.scandir(self.dir / fan) as it:
                     for de in it:
                         if len(de.name) == 38:
                             try:
-                                have.add(bytes.fromhex(fan + de.name))
+                                loose.add(bytes.fromhex(fan + de.name))
                             except ValueError:
                                 continue
             self.packs = {}
+            have = set(loose)
             for name in self._pack_names():
                 pack = read_pack(self.dir / "pack", name)
                 if pack is None:
@@ -284,7 +288,7 @@ class ObjectStore:
                     continue
                 self.packs[name] = pack
                 have.update(pack.objects)
-            self.have = have
+            self.have, self.loose = have, loose
         return self.have
 
     def _pack_names(self) -> list[str]:
@@ -294,16 +298,14 @@ class ObjectStore:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def packed(self, oid: bytes) -> bool:
-        return any(oid in p.objects for p in self.packs.values())
-
     # -- writing --------------------------------------------------------------------------------
 
     def begin_pack(self) -> None:
         """Objects put from here to `end_pack` go into one new packfile."""
         self.listing()
-        self._mkdir(self.dir / "pack")
-        self.writer = PackWriter(self.dir / "pack", self.owner)
+        if self.writer is None:
+            self._mkdir(self.dir / "pack")
+            self.writer = PackWriter(self.dir / "pack", self.owner)
 
     def end_pack(self) -> None:
         writer, self.writer = self.writer, None
@@ -315,76 +317,75 @@ class ObjectStore:
         pack = writer.finish(self.digests)
         self.packs[pack.name] = pack
 
+    def abandon(self) -> None:
+        """The pack being written dropped (its objects were never on disk)."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.abandon()
+            if self.have is not None:
+                self.have.difference_update(writer.objects)
+
     def put(self, kind: bytes, data: bytes, oid: bytes | None = None) -> bytes:
         oid = oid or object_id(kind, data)
         have = self.listing()
         if oid in have:
             self.dead.discard(oid)  # reachable again
             return oid
-        if self.writer is not None:
-            self.writer.add(oid, kind, data)
-            have.add(oid)
-            return oid
-        hx = oid.hex()
-        fan = self.dir / hx[:2]
-        if hx[:2] not in self._fanout:
-            self._mkdir(fan)
-            self._fanout.add(hx[:2])
-        raw = b"".join(stored_zlib(b"%s %d\0" % (kind, len(data)), data))
-        fd = os.open(fan / hx[2:], _O_NEW, 0o444)
-        try:
-            write_all(fd, raw)
-            if self.owner is not None:
-                os.fchown(fd, *self.owner)
-        finally:
-            os.close(fd)
-        if self.digests is not None:
-            self.digests[f"objects/{hx[:2]}/{hx[2:]}"] = Entry(
-                Kind.FILE, 0o444, len(raw), hashlib.sha256(raw).hexdigest()
-            )
+        self.begin_pack()
+        assert self.writer is not None
+        self.writer.add(oid, kind, data)
         have.add(oid)
         return oid
 
     # -- removing -------------------------------------------------------------------------------
 
     def remove(self, oids: Iterable[bytes]) -> None:
-        """Objects no longer reachable: a loose one is unlinked, a packed one marked dead."""
+        """Objects no longer reachable: marked dead, removed at the next `purge`."""
         have = self.listing()
-        for oid in oids:
-            if oid not in have:
-                continue
-            if self.packed(oid):
-                self.dead.add(oid)
-                continue
-            hx = oid.hex()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.dir / hx[:2] / hx[2:])
-            have.discard(oid)
+        self.dead.update(oid for oid in oids if oid in have)
 
     def keep_only(self, reachable: set[bytes]) -> None:
-        """Every object not in `reachable` removed (`remove`)."""
+        """Every object not in `reachable` marked dead."""
         self.remove(self.listing() - reachable)
 
-    def purge(self, *, consolidate: bool = False) -> int:
-        """Rewrite the packs that hold dead objects without them (with `consolidate`, every
-        pack into one); how many objects went."""
-        if not self.dead and not consolidate:
-            return 0
-        old = [p for p in self.packs.values() if consolidate or self.dead.intersection(p.objects)]
-        writer = PackWriter(self.dir / "pack", self.owner)
+    def purge(self, *, small_only: bool = False) -> int:
+        """Remove the dead: loose ones unlinked, packs rewritten without them; the packs but the
+        largest joined into one. With `small_only`, the largest pack is left as it is (dead
+        objects in it stay). How many objects went."""
+        have = self.listing()
         gone = 0
+        if not small_only:
+            for oid in self.dead & self.loose:
+                hx = oid.hex()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.dir / hx[:2] / hx[2:])
+                self.loose.discard(oid)
+                if not any(oid in p.objects for p in self.packs.values()):
+                    have.discard(oid)
+                    gone += 1
+        packs = sorted(self.packs.values(), key=lambda p: len(p.objects))
+        old = packs[:-1] if len(packs) > 1 else []
+        if packs and not small_only and self.dead.intersection(packs[-1].objects):
+            old.append(packs[-1])
+        if not old or (len(old) == 1 and not self.dead.intersection(old[0].objects)):
+            self.dead &= have
+            if not small_only:
+                self.dead -= self.loose
+            return gone
+        writer = PackWriter(self.dir / "pack", self.owner)
+        kept: set[bytes] = set()
         try:
             for pack in old:
                 fd = os.open(self.dir / "pack" / f"{pack.name}.pack", os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     for oid, (off, length, crc) in sorted(pack.objects.items(), key=lambda kv: kv[1][0]):
-                        if oid in self.dead:
-                            gone += 1
+                        if oid in self.dead or oid in kept:
                             continue
                         raw = os.pread(fd, length, off)
                         if len(raw) != length:
                             raise OSError(f"the pack {pack.name} is shorter than its index says")
                         writer.add_raw(oid, raw, crc)
+                        kept.add(oid)
                 finally:
                     os.close(fd)
         except BaseException:
@@ -393,16 +394,16 @@ class ObjectStore:
         new = writer.finish(self.digests) if writer.objects else None
         if new is None:
             writer.abandon()
-        have = self.listing()
         for pack in old:
             del self.packs[pack.name]
             self._unlink_pack(pack.name)
-        for oid in self.dead:
-            if not self.packed(oid) and (new is None or oid not in new.objects):
-                have.discard(oid)
+            for oid in pack.objects:
+                if oid not in kept and oid not in self.loose and not any(oid in p.objects for p in self.packs.values()):
+                    have.discard(oid)
+                    self.dead.discard(oid)
+                    gone += 1
         if new is not None:
             self.packs[new.name] = new
-        self.dead = set()
         return gone
 
     def _unlink_pack(self, name: str) -> None:

@@ -1,12 +1,12 @@
 """One redaction engine for every channel: store, audit, logs, agent output, errors, notifications.
 
 `DETECTORS` are also the content detectors that keep a file out of staging. A `Redactor` knows
-the patterns plus the exact values it was told about (values of withheld files, keys, run tokens).
+the patterns plus the values it was told about (values of withheld files, keys, run tokens), which
+it finds in the forms airlockd/knownvalues.py lists (encoded, split, disguised), not only as they are.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 import re
@@ -15,6 +15,8 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from airlockd.knownvalues import KnownScan, KnownValues, ValueForms, b64_stable, file_values
 
 MASK = "[REDACTED]"
 
@@ -33,21 +35,9 @@ _B64URL_TAIL = f"(?:{_B64URL}[AQgw]|{_B64URL}{{2}}[AEIMQUYcgkosw048])?"
 _JWT_JSON_PART = f"eyJ{_B64URL}(?:{_B64URL}{{4}}){{3,}}{_B64URL_TAIL}"  # '{"' ... : a JSON object
 
 
-def _b64_stable(raw: bytes) -> list[str]:
-    """The base64 text of `raw` at each of the 3 alignments it can have inside a longer base64
-    stream: only the characters whose 6 bits all come from `raw`."""
-    out = []
-    for shift in range(3):
-        enc = base64.b64encode(b"\0" * shift + raw + b"\0\0").decode()
-        first = -(-8 * shift // 6)
-        last = (8 * (shift + len(raw))) // 6
-        out.append(enc[first:last])
-    return out
-
-
 # '-----BEGIN ' and 'PRIVATE KEY' as they appear in a base64-encoded PEM, at every alignment.
-PEM_BEGIN_B64 = _b64_stable(b"-----BEGIN ")
-PEM_PRIVATE_KEY_B64 = _b64_stable(b"PRIVATE KEY")
+PEM_BEGIN_B64 = b64_stable(b"-----BEGIN ")
+PEM_PRIVATE_KEY_B64 = b64_stable(b"PRIVATE KEY")
 
 # name -> regex over text; each pattern finds a secret, not a hint of one.
 DETECTORS: dict[str, re.Pattern[str]] = {
@@ -181,17 +171,18 @@ def find_secrets(text: str, names: Iterable[str] | None = None) -> list[tuple[st
 
 
 class Redactor:
-    """Masks known secret formats, high-entropy key-like assignments and registered values.
+    """Masks known secret formats, high-entropy key-like assignments and registered values (in
+    the forms knownvalues.py finds: base64, hex, percent-encoded, split, look-alike...).
 
-    Thread-safe; `add` grows the set of exact values (withheld file contents, keys, run tokens).
+    Thread-safe; `add` grows the set of values (withheld file contents, keys, run tokens).
     """
 
-    MIN_VALUE = 6  # shorter values would mask ordinary words
+    MIN_VALUE = 6  # shorter values would mask ordinary words; so would a shorter folded form
 
     def __init__(self, values: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
-        self._values: set[str] = set()
-        self._values_re: re.Pattern[str] | None = None
+        self._values: dict[str, ValueForms] = {}
+        self._known = KnownValues()  # replaced whole under the lock, read without it
         self._extra: dict[ExtraDetector, ExtraDetector] = {}
         self.add(*values)
         _LIVE.add(self)  # so logs and error messages of this process mask what it knows
@@ -216,22 +207,27 @@ class Redactor:
 
     @property
     def masks_more_than_patterns(self) -> bool:
-        return self._values_re is not None or bool(self._extra)
+        return bool(self._known) or bool(self._extra)
 
     def known_in(self, text: str) -> bool:
-        """Whether `text` holds one of the registered values (never says which)."""
-        values_re = self._values_re
-        return values_re is not None and values_re.search(text) is not None
+        """Whether `text` holds one of the registered values, as it is or in a form
+        knownvalues.py finds (never says which)."""
+        return self._known.found_in(text)
+
+    def known_scan(self) -> KnownScan:
+        """A search for the registered values in a stream of bytes fed to it chunk by chunk."""
+        return self._known.scan()
 
     def add(self, *values: str) -> None:
         with self._lock:
+            grown = False
             for v in values:
                 v = v.strip()
-                if len(v) >= self.MIN_VALUE:
-                    self._values.add(v)
-            if self._values:
-                alts = sorted(self._values, key=len, reverse=True)
-                self._values_re = re.compile("|".join(re.escape(a) for a in alts))
+                if len(v) >= self.MIN_VALUE and v not in self._values:
+                    self._values[v] = ValueForms.of(v, self.MIN_VALUE)
+                    grown = True
+            if grown:
+                self._known = KnownValues(self._values.values())
 
     def values(self) -> list[str]:
         """The registered exact values (to hand to a process this one starts, over a pipe)."""
@@ -239,26 +235,15 @@ class Redactor:
             return sorted(self._values)
 
     def add_file_values(self, text: str) -> None:
-        """Register the values of a withheld file (`KEY=value` lines, or the whole content)."""
-        vals = []
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            _, sep, value = line.partition("=")
-            if not sep:
-                _, sep, value = line.partition(":")
-            value = value.strip().strip("\"'") if sep else line
-            if len(value) >= self.MIN_VALUE:
-                vals.append(value)
-        self.add(*vals)
+        """Register the values of a withheld file (`KEY=value`, `key: value`, `"key": "value"`
+        lines, the strings of a JSON file, what a base64 value decodes to; a line with no key
+        whole)."""
+        self.add(*file_values(text))
 
     def text(self, s: str) -> str:
         if not s:
             return s
-        values_re = self._values_re
-        if values_re is not None:
-            s = values_re.sub(MASK, s)
+        s = self._known.mask(s, MASK)
         for pat in DETECTORS.values():
             s = pat.sub(MASK, s)
         for extra in list(self._extra.values()):

@@ -175,18 +175,21 @@ def scan_bytes(data: bytes, scanner: SecretScanner, redactor: Redactor) -> str |
 
 def scan_file(path: Path, scanner: SecretScanner, redactor: Redactor) -> str | None:
     """The first detector that fires on the regular file at `path` (read in chunks, with an
-    overlap wider than any secret or known value, so none hides across a chunk's edge), or
-    WITHHELD_VALUE for a value `redactor` knows; None when clean or unreadable (not a regular
-    file: never follows a link)."""
-    overlap = max([scanner.overlap, *(len(v.encode()) for v in redactor.values())])
+    overlap wider than any detector's match, so none hides across a chunk's edge), or
+    WITHHELD_VALUE for a value `redactor` knows (sought in the stream folded as it comes, so
+    neither an edge nor whitespace it is spread over hides one); None when clean or unreadable
+    (not a regular file: never follows a link)."""
+    known = redactor.known_scan()
     tail = b""
     with contextlib.closing(regular_chunks(path)) as chunks:
         for chunk in chunks:
             window = tail + chunk
-            hit = scan_bytes(window, scanner, redactor)
+            hit = scanner.first_hit(window)
+            if hit is None and known.feed(chunk):
+                hit = WITHHELD_VALUE
             if hit is not None:
                 return hit
-            tail = window[-overlap:]
+            tail = window[-scanner.overlap :]
     return None
 
 

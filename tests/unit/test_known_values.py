@@ -1,0 +1,304 @@
+"""A withheld value is found, and masked, in the forms an agent that learnt it could pass it on in
+(airlockd/knownvalues.py): base64 at every alignment in both alphabets, hex, percent-encoded,
+split by whitespace or unseen characters, full-width, look-alike letters, another case; a near
+miss (another value's encoding, a word split across lines) is not. Folding is per character, so a
+stream folded in chunks is the whole folded; the values of a withheld file are its real values."""
+
+from __future__ import annotations
+
+import base64
+import random
+import string
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from foldtables import lookalikes as computed_lookalikes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airlockd import foldtable
+from airlockd.knownvalues import LEAST_FOLDED, KnownValues, ValueForms, file_values, fold
+from airlockd.pipeline.classify import WITHHELD_VALUE
+from airlockd.redact import MASK, Redactor
+from airlockd.runs.content import scan_file
+from airlockd.staging.secretscan import SecretScanner
+
+VALUE = "Zq8-withheld-value-xK31"
+OTHER = "Pw4-another-secret-Lm90"
+CYRILLIC = str.maketrans("aceopxy", "асеорху")  # each letter's Cyrillic look-alike
+
+
+def _b64_inside(value: str, before: bytes) -> str:
+    return base64.b64encode(before + value.encode() + b"-tail").decode()
+
+
+def _fullwidth(value: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in value)
+
+
+ENCODINGS: dict[str, Callable[[str], str]] = {
+    "base64 at offset 0": lambda v: _b64_inside(v, b""),
+    "base64 at offset 1": lambda v: _b64_inside(v, b"x"),
+    "base64 at offset 2": lambda v: _b64_inside(v, b"xy"),
+    "base64url": lambda v: base64.urlsafe_b64encode(b"\xfb\xff" + v.encode()).decode(),
+    "base64 wrapped at 8 columns": lambda v: "\n".join(
+        _b64_inside(v, b"p")[i : i + 8] for i in range(0, len(_b64_inside(v, b"p")), 8)
+    ),
+    "hex": lambda v: v.encode().hex(),
+    "HEX": lambda v: v.encode().hex().upper(),
+    "hex with spaces": lambda v: " ".join(f"{b:02x}" for b in v.encode()),
+    "percent, every byte": lambda v: "".join(f"%{b:02X}" for b in v.encode()),
+    "percent, lower case": lambda v: "".join(f"%{b:02x}" for b in v.encode()),
+    "URL-quoted": lambda v: urllib.parse.quote(v + " & more"),
+    "split across lines": lambda v: v[:7] + "\n" + v[7:15] + "\r\n    " + v[15:],
+    "split by tabs and spaces": lambda v: " \t ".join(v),
+    "soft hyphens": lambda v: "\u00ad".join(v),
+    "zero-width characters": lambda v: "".join(c + "\u200b\u200c\u200d\u2060\ufeff"[i % 5] for i, c in enumerate(v)),
+    "bidirectional controls": lambda v: "\u202e".join(v[:6]) + v[6:],
+    "combining marks": lambda v: "\u0301".join(v),
+    "emoji between": lambda v: v[:9] + "\N{ROCKET}" + v[9:],
+    "full-width": _fullwidth,
+    "Cyrillic look-alikes": lambda v: v.translate(CYRILLIC),
+    "upper case": str.upper,
+}
+
+
+@pytest.mark.parametrize("encode", ENCODINGS.values(), ids=ENCODINGS.keys())
+def test_an_encoded_value_is_found_and_masked(encode: Callable[[str], str]) -> None:
+    red = Redactor([VALUE, OTHER])
+    text = f"the agent says: {encode(VALUE)} (end)\n"
+    assert red.known_in(text)
+    shown = red.text(text)
+    assert MASK in shown and not red.known_in(shown), shown
+    assert shown.startswith("the agent says: ") and shown.endswith(" (end)\n")  # only the value is masked
+
+
+@pytest.mark.parametrize("encode", ENCODINGS.values(), ids=ENCODINGS.keys())
+def test_another_values_encoding_is_no_hit(encode: Callable[[str], str]) -> None:
+    red = Redactor([VALUE])
+    text = f"the agent says: {encode(OTHER)} (end)"
+    assert not red.known_in(text)
+    assert red.text(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Zq8-with\ndrawn-value-xK31",  # the value's start, then other letters
+        "Zq8-withheld-valu\ne-xK32",  # one character off, split
+        "pass\nword and user\nname, split across lines",  # ordinary words split
+        base64.b64encode(b"Zq8-withheld-valve-xK31").decode(),  # the base64 of a near value
+        "Zq8-with.held-value-xK31",  # held apart by a visible character
+        VALUE[::-1],  # reversed: not sought
+    ],
+)
+def test_a_near_miss_is_no_hit(text: str) -> None:
+    red = Redactor([VALUE])
+    assert not red.known_in(text)
+    assert red.text(text) == text
+
+
+def test_a_value_short_once_folded_is_sought_only_as_written() -> None:
+    """Two ordinary words can join into a short value once whitespace is dropped ("data base")."""
+    red = Redactor(["hunter", "a b c d e f", "  spaced  "])
+    assert red.known_in("hunter") and red.known_in("a b c d e f") and red.known_in("spaced")
+    assert not red.known_in("hun\nter") and not red.known_in("HUNTER") and not red.known_in("abcdef")
+    assert red.text("x a b c d e f y") == f"x {MASK} y"
+    assert red.known_in(base64.b64encode(b"hunter").decode())  # its encodings are no ordinary words
+    long_enough = "h" * LEAST_FOLDED
+    assert Redactor([long_enough]).known_in(long_enough[:3] + "\n" + long_enough[3:])
+
+
+def test_a_value_shorter_than_the_least_is_not_registered() -> None:
+    red = Redactor(["abcde"])
+    assert not red.masks_more_than_patterns and not red.known_in("abcde")
+
+
+def test_every_occurrence_is_masked_and_the_rest_kept() -> None:
+    red = Redactor([VALUE])
+    split = VALUE[:10] + "\n" + VALUE[10:]
+    text = f"a {VALUE} b {split} c {_b64_inside(VALUE, b'')} d " + "\u200b".join(VALUE)
+    shown = red.text(text)
+    assert shown.startswith(f"a {MASK} b {MASK} c ") and shown.endswith(f" d {MASK}")
+    assert not red.known_in(shown)
+
+
+# -- properties -------------------------------------------------------------------------------
+
+_VALUES = st.text(alphabet=string.ascii_letters + string.digits + "-_.+/=:@!", min_size=8, max_size=40)
+_UNSEEN = st.sampled_from([" ", "\n", "\t", "\r\n", "\u00ad", "\u200b", "\u200d", "\u2060", "\ufeff", "\u0301"])
+
+
+@st.composite
+def _disguised(draw: st.DrawFn, value: str) -> str:
+    """`value` in a random one of the encodings, or split at random places by unseen characters."""
+    how = draw(st.sampled_from([*ENCODINGS, "split at random"]))
+    if how != "split at random":
+        return ENCODINGS[how](value)
+    cuts = sorted(draw(st.lists(st.integers(1, len(value) - 1), min_size=1, max_size=6)))
+    pieces = [value[a:b] for a, b in zip([0, *cuts], [*cuts, len(value)], strict=True)]
+    return "".join(p + draw(_UNSEEN) for p in pieces[:-1]) + pieces[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), _VALUES, st.text(max_size=30), st.text(max_size=30))
+def test_a_disguised_value_is_always_found_and_masked(data: st.DataObject, value: str, before: str, after: str) -> None:
+    red = Redactor([value])
+    disguised = data.draw(_disguised(value))
+    text = f"{before} {disguised} {after}"
+    assert red.known_in(text)
+    assert not red.known_in(red.text(text))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.integers(0, 2**64))
+def test_a_random_value_never_finds_another_random_values_forms(data: st.DataObject, seed: int) -> None:
+    rnd = random.Random(seed)  # random values, not ones hypothesis shrinks towards each other
+    alphabet = string.ascii_letters + string.digits + "-_"
+    value, other = ("".join(rnd.choice(alphabet) for _ in range(rnd.randint(12, 40))) for _ in range(2))
+    red = Redactor([value])
+    assert not red.known_in(data.draw(_disguised(other)))
+
+
+_ANY = st.text(alphabet=st.sampled_from("aZ9 -_\n\t\x00\u00ad\u200bé\u0301ａаΑ\N{ROCKET}\ud800ﬁ\ufffd中"), max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ANY, _ANY)
+def test_folding_is_per_character(a: str, b: str) -> None:
+    """What lets a stream be folded chunk by chunk, and a folded match be mapped back."""
+    assert fold(a + b) == fold(a) + fold(b)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data(), _VALUES, st.integers(0, 3000))
+def test_a_disguised_value_is_found_across_any_chunk_edge(
+    tmp_path: Path, data: st.DataObject, value: str, pad: int
+) -> None:
+    known = KnownValues([ValueForms.of(value, Redactor.MIN_VALUE)])
+    blob = ("é" * pad + data.draw(_disguised(value)) + " tail").encode()
+    cut = data.draw(st.integers(0, len(blob)))
+    scan = known.scan()
+    assert scan.feed(blob[:cut]) or scan.feed(blob[cut:])
+
+
+# -- the proposal's file, read in chunks --------------------------------------------------------
+
+
+def test_a_value_spread_over_megabytes_of_whitespace_is_found_in_a_file(tmp_path: Path) -> None:
+    red = Redactor([VALUE])
+    path = tmp_path / "spread.txt"
+    path.write_bytes(VALUE[:9].encode() + b" " * (3 << 20) + VALUE[9:].encode())
+    assert scan_file(path, SecretScanner([]), red) == WITHHELD_VALUE
+    path.write_bytes(b"x" * ((1 << 20) - 5) + _b64_inside(VALUE, b"").encode())  # across the 1 MiB edge
+    assert scan_file(path, SecretScanner([]), red) == WITHHELD_VALUE
+    path.write_bytes(b"\xff".join(c.encode() for c in VALUE))  # invalid bytes between the characters
+    assert scan_file(path, SecretScanner([]), red) == WITHHELD_VALUE
+    path.write_bytes(b"x" * (2 << 20))
+    assert scan_file(path, SecretScanner([]), red) is None
+
+
+# -- what a withheld file's values are ----------------------------------------------------------
+
+DOCKER_AUTH = base64.b64encode(b"deploy-bot:Hx7-registry-pass-Q2").decode()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{\n  "auths": {\n    "registry.example": {\n      "auth": "' + DOCKER_AUTH + '"\n    }\n  }\n}\n',
+        '{"auths": {"registry.example": {"auth": "' + DOCKER_AUTH + '"}}}',
+        "_auth=" + DOCKER_AUTH + "\n",
+        "  auth: " + DOCKER_AUTH + "\n",
+        "  'auth': '" + DOCKER_AUTH + "',\n",
+    ],
+    ids=["docker config.json", "minified", "npmrc _auth", "yaml", "single quotes"],
+)
+def test_a_base64_credential_is_registered_whole_and_decoded(text: str) -> None:
+    values = file_values(text)
+    assert DOCKER_AUTH in values
+    assert "deploy-bot:Hx7-registry-pass-Q2" in values and "Hx7-registry-pass-Q2" in values
+    assert "deploy-bot" not in values  # a user name alone is no secret
+    assert not any(v.endswith(("==", '="', "='")) and v != DOCKER_AUTH for v in values)
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ('"auth": "dXNlcjpwYXNzd29yZA==",', "dXNlcjpwYXNzd29yZA=="),  # was cut at its first '='
+        ("DB_PASSWORD=Zq8:with=signs", "Zq8:with=signs"),
+        ("export API_TOKEN='Kd9-exported-value'", "Kd9-exported-value"),
+        ('SECRET="quoted \\" value"   # a comment', 'quoted " value'),
+        ("TOKEN=Nv3-unquoted-value # a comment", "Nv3-unquoted-value"),
+        ("//registry.example/:_authToken=Tk5-npm-token-value", "Tk5-npm-token-value"),
+        ("password: Yp2=with:colons", "Yp2=with:colons"),
+        ('- "password": "listed-Jq4-value"', "listed-Jq4-value"),
+        ("user:Hw8-after-a-colon", "Hw8-after-a-colon"),
+        ("ALLOWED=[not-json-Rb6", "[not-json-Rb6"),
+        ("a-whole-line-token-Vx3", "a-whole-line-token-Vx3"),
+    ],
+)
+def test_a_lines_value_is_the_real_one(line: str, value: str) -> None:
+    assert value in file_values(line + "\n")
+
+
+def test_the_values_of_a_docker_config_are_masked_and_denied_in_every_form() -> None:
+    red = Redactor()
+    red.add_file_values('{\n  "auths": {\n    "r.example": {\n      "auth": "' + DOCKER_AUTH + '"\n    }\n  }\n}\n')
+    for text in (DOCKER_AUTH, "Hx7-registry-pass-Q2", base64.b64encode(b"Hx7-registry-pass-Q2").decode()):
+        shown = red.text(f"x {text} y")
+        assert red.known_in(f"x {text} y") and shown.startswith(f"x {MASK}") and not red.known_in(shown)
+
+
+# -- the tables, threads and cost ---------------------------------------------------------------
+
+
+def test_the_lookalike_table_is_the_one_its_source_gives() -> None:
+    assert foldtable.lookalikes() == computed_lookalikes(), "regenerate: python tests/foldtables.py"
+
+
+def test_values_added_while_others_mask_are_all_found() -> None:
+    red = Redactor()
+    values = [f"Kq{i:03d}-concurrent-value" for i in range(200)]
+    errors: list[BaseException] = []
+
+    def mask() -> None:
+        try:
+            for _ in range(200):
+                red.text(" ".join(values[:50]))
+                red.known_in("nothing here")
+        except BaseException as exc:  # pragma: no cover - the assertion below shows it
+            errors.append(exc)
+
+    readers = [threading.Thread(target=mask) for _ in range(3)]
+    for t in readers:
+        t.start()
+    for v in values:
+        red.add(v)
+    for t in readers:
+        t.join()
+    assert not errors and all(red.known_in(v) for v in values)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u0301" * 1_000_000,  # combining marks only
+        ("a\u200b" * 250_000),  # zero-width characters between letters
+        "а" * 1_000_000,  # one Cyrillic look-alike, over and over
+        (VALUE[:10] + "\n" + VALUE[10:] + " ") * 30_000,  # a split value, 30,000 times
+        " ".join(f"{b:02x}" for b in (VALUE * 12_000).encode())[: 1 << 20],  # hex of the value, repeated
+    ],
+    ids=["marks", "zero-width", "look-alikes", "split-values", "hex-values"],
+)
+def test_finding_and_masking_take_linear_time_on_a_hostile_megabyte(text: str) -> None:
+    red = Redactor([VALUE, *(f"Mv{i:02d}-other-registered-value" for i in range(29))])
+    t0 = time.process_time()
+    red.known_in(text)
+    shown = red.text(text)
+    assert time.process_time() - t0 < 5  # a bound, not a benchmark
+    assert not red.known_in(shown)

@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import base64
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fakesandbox import FakeSandbox, workspace
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_known_values import ENCODINGS
 
+from airlockd.errors import AdmissionRejected
 from airlockd.pipeline.admission import refusal, screen_prompt
 from airlockd.policy import AgentConfig
 from airlockd.records import AgentUsage
 from airlockd.redact import MASK, Redactor
+from airlockd.runs.service import Service
 
 SAMPLES = {
     "aws": "AKIAIOSFODNN7EXAMPLE",
@@ -38,6 +47,41 @@ def test_registered_values_never_survive(secret: str) -> None:
     red.add_file_values(f"DB_PASSWORD={secret}\n")
     out = red.value({"msg": f"connecting with {secret}!", "list": [secret]})
     assert secret not in str(out)
+
+
+_ENV_VALUES = st.text(
+    alphabet=st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="\"'"), min_size=8, max_size=40
+)  # a quote would end the value: what is registered is then a part of it
+
+
+@settings(max_examples=120, deadline=None)
+@given(_ENV_VALUES, st.sampled_from(sorted(ENCODINGS)))
+def test_registered_values_never_survive_encoded(secret: str, how: str) -> None:
+    """A value of a withheld .env, written in any of the encodings an exact search misses: found,
+    and no form of it is left in any string of what is shown."""
+    red = Redactor()
+    red.add_file_values(f"DB_PASSWORD={secret}\n")
+    encoded = ENCODINGS[how](secret)
+    assert red.known_in(f"connecting with {encoded}!")
+    out = red.value({"msg": f"connecting with {encoded}!", "list": [encoded], encoded: 1})
+    assert not any(red.known_in(s) for s in [out["msg"], *out["list"], *out])
+
+
+@pytest.mark.parametrize(
+    "disguise",
+    [
+        lambda v: base64.b64encode(v.encode()).decode(),
+        lambda v: v[:10] + "\n" + v[10:],
+        lambda v: "\u00ad".join(v),
+        lambda v: v.encode().hex(),
+    ],
+    ids=["base64", "split", "soft hyphens", "hex"],
+)
+def test_a_prompt_carrying_an_encoded_withheld_value_is_refused(tmp_path: Path, disguise: Callable[[str], str]) -> None:
+    ws = workspace(tmp_path)  # its .env holds DB_PASSWORD=Zq8-withheld-value-xK31
+    svc = Service(ws, sandbox=FakeSandbox(lambda w: b""))
+    with pytest.raises(AdmissionRejected, match="withheld-value"):
+        svc.submit("bot", f"connect with {disguise('Zq8-withheld-value-xK31')} please")
 
 
 def test_prompt_screening() -> None:

@@ -217,6 +217,41 @@ def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:
     assert jwt[7:] not in svc.content.diff(rec.id)
 
 
+def _encoding_agent(ws: Path) -> bytes:
+    """Writes and says the withheld value as an exact search misses it: base64 (inside a longer
+    stream, as of a whole .env line), split across lines, with zero-width spaces, in hex."""
+    b64 = base64.b64encode(f"DB_PASSWORD={WITHHELD}\n".encode()).decode()
+    split = WITHHELD[:9] + "\n" + WITHHELD[9:]
+    (ws / "src" / "blob.txt").write_text(f"blob: {b64}\n")  # created
+    (ws / "src" / "a.py").write_text(f'A = 1\nP = """{split}"""\n')  # modified
+    (ws / "src" / "zw.py").write_text("P = '" + "\u200b".join(WITHHELD) + "'\n")
+    (ws / "src" / "ok.py").write_text("OK = True\n")
+    return f"said: {b64}\n{split}\n{WITHHELD.encode().hex()}\n".encode()
+
+
+def test_a_value_encoded_or_split_is_denied_and_never_shown(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+    svc = Service(ws, sandbox=FakeSandbox(_encoding_agent))
+    rec = _run(svc)
+    by_path = {f.path: f for f in rec.files}
+    for path in ("src/blob.txt", "src/a.py", "src/zw.py"):
+        f = by_path[path]
+        assert (f.decision, f.rule) == (Decision.DENY, "invariant:secret-in-content"), path
+        assert "a value of a withheld file" in f.reason
+    assert by_path["src/ok.py"].decision is Decision.AUTO
+    log = (svc.state.run_dir(rec.id) / "output.log").read_text()
+    assert log.startswith("said: ") and log.count("[REDACTED]") == 3
+    shown = [_cli(ws, argv, as_json) for argv in (["show", rec.id], ["diff", rec.id]) for as_json in (False, True)]
+    assert all("a value of a withheld file" in out for out in shown)
+    for text in [*shown, log]:
+        assert not svc.redactor.known_in(text), text
+    for path in svc.state.root.rglob("*"):  # no form of it kept anywhere
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
+            assert not svc.redactor.known_in(text), path
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 

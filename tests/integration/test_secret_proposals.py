@@ -28,6 +28,8 @@ import pytest
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from airlockd.redact import Redactor
+
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
 POLICY = textwrap.dedent(
@@ -160,6 +162,48 @@ def test_a_proposal_carrying_secrets_is_denied_from_the_cli(
     assert (ws / "src" / "ok.py").exists()
     _workspace_clean(ws)
     _assert_never_shown(out, _state_dir, exports)
+
+
+# The withheld value as an exact search misses it, built in the container from its halves: the
+# base64 of a whole .env line written to a file, the value split across lines in another, both
+# also said on stdout.
+ENCODING_SCRIPT = "; ".join(
+    [
+        _halves("V", WITHHELD),
+        'printf "%s" "DB_PASSWORD=$V" | base64 -w0 > src/blob.txt',
+        'printf \'P = """%s\\n%s"""\\n\' "$V1" "$V2" > src/split.py',
+        'printf "%s" "$V" | base64',
+        'printf "%s\\n%s\\n" "$V1" "$V2"',
+        "echo 'OK = True' > src/ok.py",
+    ]
+)
+
+
+def test_a_proposal_carrying_an_encoded_value_is_denied_and_masked(_state_dir: Path, tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    out: list[str] = []
+    proc = _cli(ws, out, "--json", "run", "--agent", "bot", "--wait", ENCODING_SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads(proc.stdout)
+    by = {f["path"]: f for f in run["files"]}
+    for path in ("src/blob.txt", "src/split.py"):
+        assert (by[path]["decision"], by[path]["rule"]) == ("deny", "invariant:secret-in-content"), by
+        assert "a value of a withheld file" in by[path]["reason"]
+    assert by["src/ok.py"]["decision"] == "auto"
+    for argv in (["show", run["id"]], ["diff", run["id"]]):
+        assert _cli(ws, out, *argv).returncode == 0 and _cli(ws, out, "--json", *argv).returncode == 0
+    (log,) = _state_dir.glob(f"*/runs/{run['id']}/output.log")
+    said = log.read_text()
+    assert said.count("[REDACTED]") == 2, said  # the agent said both, masked
+    known = Redactor([WITHHELD])
+    assert known.known_in(base64.b64encode(WITHHELD.encode()).decode())
+    for text in [*out, said]:
+        assert not known.known_in(text), text[:3000]
+    for p in _state_dir.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            data = p.read_bytes()
+            data = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+            assert not known.known_in(data.decode("utf-8", "replace")), p
 
 
 def test_a_proposal_carrying_secrets_is_denied_through_the_daemon_and_the_editor(

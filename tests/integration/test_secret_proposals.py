@@ -7,7 +7,8 @@ used as a file name, and writes them into the staging copy. Each change is `deny
 refused, the workspace never receives it, and the raw values appear in no output: every CLI
 command a person runs (plain and `--json`, alone and through the daemon), the whole LSP transcript
 of an editor connected to the daemon (its proposals, notifications and replies), the daemon's
-stderr, and every file under the state directory.
+stderr, and every file under the state directory. The value written as an exact search misses it
+(base64, split across lines) is denied too, and no form of it is shown.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ def encodings(value: str) -> list[str]:
 
 # The least length of a value's own folded form that is sought: folded, two ordinary words can
 # join into a shorter one ("data base"), so a value shorter than this once folded is sought only as
-# it is written (and in its encodings, which ordinary words never are).
+# it is written (and in its encodings, which ordinary words never are). So is a value fold takes
+# characters from (a password in another script): what is left could be any string ("密码12345678").
 LEAST_FOLDED = 8
 
 
@@ -132,7 +133,8 @@ class ValueForms:
     def of(cls, value: str, least: int) -> ValueForms:
         encoded = encodings(value)
         own = fold(value)
-        sought = own if len(own) >= max(least, LEAST_FOLDED) else None
+        whole = len(own) >= sum(not c.isspace() for c in value)  # fold dropped nothing but blanks
+        sought = own if whole and len(own) >= max(least, LEAST_FOLDED) else None
         folded = dict.fromkeys([*([sought] if sought else []), *(f for f in map(fold, encoded) if len(f) >= least)])
         written = sorted([value, *encoded], key=len, reverse=True)
         return cls(tuple(written), tuple(folded), None if sought else value)

@@ -113,6 +113,13 @@ def test_a_value_short_once_folded_is_sought_only_as_written() -> None:
     assert Redactor([long_enough]).known_in(long_enough[:3] + "\n" + long_enough[3:])
 
 
+def test_a_value_fold_takes_characters_from_is_sought_only_as_written() -> None:
+    red = Redactor(["密码12345678", "Кириллица-Ключ-42"])
+    assert red.known_in("密码12345678") and red.known_in(base64.b64encode("密码12345678".encode()).decode())
+    assert not red.known_in("order 12345678") and not red.known_in("12345678")
+    assert red.known_in("x Кириллица-Ключ-42 y") and not red.known_in("-42")
+
+
 def test_a_value_shorter_than_the_least_is_not_registered() -> None:
     red = Redactor(["abcde"])
     assert not red.masks_more_than_patterns and not red.known_in("abcde")

@@ -188,6 +188,8 @@ class RepoState:
     files: dict[str, IndexEntry] = field(default_factory=dict)
     trees: dict[str, bytes] = field(default_factory=dict)  # directory ("" the root) -> tree id
     children: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of entries
+    # directory -> its tree's entries, keyed in git's order (a directory's name ends in "/")
+    items: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     commit: bytes = b""
     head: Head | None = None  # the HEAD written last
     index_id: tuple[int, int, int] = (0, 0, 0)  # ino, size, mtime_ns of the index written
@@ -216,12 +218,42 @@ class RepoState:
         self.ref(entry.oid)
         self.files[rel] = entry
         self.index.changed.add(rel)
+        parent, _, name = rel.rpartition("/")
+        raw = name.encode("utf-8", "surrogateescape")
+        mode = entry.key[3]
+        kind = b"120000 " if stat.S_ISLNK(mode) else (b"100755 " if mode & stat.S_IXUSR else b"100644 ")
+        self.items.setdefault(parent, {})[raw] = kind + raw + b"\0" + entry.oid
 
     def pop_file(self, rel: str) -> IndexEntry:
         old = self.files.pop(rel)
         self.unref(old.oid)
         self.index.changed.add(rel)
+        parent, _, name = rel.rpartition("/")
+        self._drop_item(parent, name.encode("utf-8", "surrogateescape"))
         return old
+
+    def set_tree(self, d: str, oid: bytes | None) -> None:
+        """Directory `d`'s tree now `oid` (None: gone), its entry in its parent's items too."""
+        parent, _, name = d.rpartition("/")
+        raw = name.encode("utf-8", "surrogateescape")
+        if not d:  # the root: no parent to name it
+            if oid is not None:
+                self.trees[d] = oid
+            else:
+                self.trees.pop(d, None)
+        elif oid is None:
+            self.trees.pop(d, None)
+            self._drop_item(parent, raw + b"/")
+        else:
+            self.trees[d] = oid
+            self.items.setdefault(parent, {})[raw + b"/"] = b"40000 " + raw + b"\0" + oid
+
+    def _drop_item(self, parent: str, key: bytes) -> None:
+        items = self.items.get(parent)
+        if items is not None:
+            items.pop(key, None)
+            if not items:
+                del self.items[parent]
 
 
 def _parent(rel: str) -> str:
@@ -400,32 +432,20 @@ class Repo:
                     break
                 d = _parent(d)
         for d in sorted(todo, key=lambda d: (d.count("/"), d), reverse=True):
-            names = state.children.get(d, set())
-            items = []
-            for name in names:
-                rel = f"{d}/{name}" if d else name
-                f = state.files.get(rel)
-                if f is not None:
-                    mode = (
-                        b"120000" if stat.S_ISLNK(f.key[3]) else (b"100755" if f.key[3] & stat.S_IXUSR else b"100644")
-                    )
-                    items.append((name.encode("utf-8", "surrogateescape"), mode, f.oid))
-                elif rel in state.trees:
-                    items.append((name.encode("utf-8", "surrogateescape") + b"/", b"40000", state.trees[rel]))
+            items = state.items.get(d)
             old = state.trees.get(d)
-            if not items and d:  # no file below it any more (`_unlink` made it dirty): git keeps no empty directory
+            if not items and d:  # no file below it any more: git keeps no empty directory
                 if old is not None:
-                    del state.trees[d]
+                    state.set_tree(d, None)
                     state.unref(old)
                 continue
-            items.sort(key=lambda it: it[0])
-            data = b"".join(mode + b" " + name.rstrip(b"/") + b"\0" + oid for name, mode, oid in items)
+            data = b"".join([items[k] for k in sorted(items)]) if items else b""
             new = self.store.put(b"tree", data)
             if new != old:
                 state.ref(new)
                 if old is not None:
                     state.unref(old)
-                state.trees[d] = new
+                state.set_tree(d, new)
 
     # -- refs, index, pruning -------------------------------------------------------------------
 

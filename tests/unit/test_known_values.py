@@ -125,6 +125,16 @@ def test_a_value_shorter_than_the_least_is_not_registered() -> None:
     assert not red.masks_more_than_patterns and not red.known_in("abcde")
 
 
+@pytest.mark.parametrize("pad", [0, 480, 489, 490, 491, 500, 600, 5000])
+def test_a_value_is_found_in_a_short_text_and_a_long_one_alike(pad: int) -> None:
+    """Up to 512 folded bytes the needles are looked up by their first bytes, past that found one by one."""
+    red = Redactor([VALUE])
+    for _ in range(2):  # the second time a clean short text is answered at once
+        assert red.text("x" * pad) == "x" * pad
+    for text in ("x" * pad + VALUE, VALUE + "x" * pad, "x" * pad + VALUE[:5] + "\n" + VALUE[5:]):
+        assert red.known_in(text) and not red.known_in(red.text(text))
+
+
 def test_every_occurrence_is_masked_and_the_rest_kept() -> None:
     red = Redactor([VALUE])
     split = VALUE[:10] + "\n" + VALUE[10:]

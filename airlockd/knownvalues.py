@@ -154,11 +154,14 @@ class KnownValues:
     def __init__(self, values: Iterable[ValueForms] = ()) -> None:
         self._values = tuple(values)
         owners: dict[bytes, list[int]] = {}
+        rank: dict[bytes, int] = {}
         for i, v in enumerate(self._values):
-            for f in v.folded:
+            for k, f in enumerate(v.folded):
                 owners.setdefault(f, []).append(i)
+                rank[f] = min(rank.get(f, k), k)
         self._owners = owners
-        self._needles = tuple(sorted(owners, key=len, reverse=True))
+        # the values themselves first (what a text most likely holds: `found_in` stops there)
+        self._needles = tuple(sorted(owners, key=lambda f: (rank[f], -len(f))))
         self._exact = tuple(v.exact for v in self._values if v.exact is not None)
         self.longest = max((len(n) for n in self._needles), default=0)
         self.longest_exact = max((len(e) for e in self._exact), default=0)

@@ -2,9 +2,11 @@
 byte pre-search so a clean file costs a few passes, never a regex per detector.
 
 Text detectors are redact.DETECTORS (also the Redactor's patterns), run on the buffer decoded as
-UTF-8. Detectors of bytes live here (redact.BYTE_DETECTORS names them): private keys in DER and
-PEM private keys written in UTF-16. A workspace's own detectors (`[[withhold.custom]]`) run as
-text detectors, anchored on their regex's literal prefix or on their keywords.
+UTF-8 and, when the buffer is UTF-16 text (`utf16_texts`: a PowerShell script, a .reg export),
+on it decoded as UTF-16 too. Detectors of bytes live here (redact.BYTE_DETECTORS names them):
+private keys in DER and PEM private keys written in UTF-16. A workspace's own detectors
+(`[[withhold.custom]]`) run as text detectors, anchored on their regex's literal prefix or on
+their keywords.
 """
 
 from __future__ import annotations
@@ -84,6 +86,44 @@ def _der_private_key(span: bytes) -> bool:
     return _DER_KEY.search(span) is not None
 
 
+# -- text in UTF-16 ------------------------------------------------------------------------------
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+# Bytes as classes, to count with bytes.count: a printable ASCII byte (or tab, newline, carriage
+# return) is "a", NUL stays NUL, any other byte is "b"; "a\0" is an ASCII character in UTF-16 (LE;
+# BE from its second byte).
+_CLASSES = bytes(0x61 if chr(b) in "\t\n\r" or 0x20 <= b < 0x7F else 0 if b == 0 else 0x62 for b in range(256))
+_SAMPLE = 1024  # bytes around the first NUL of each eighth of a buffer: what says it is UTF-16
+
+
+def utf16_texts(data: bytes) -> list[str]:
+    """What `data` reads as if it is UTF-16 text, or [] when it is not (judged by its NULs: a
+    byte-order mark, or NULs that sit where the high bytes of ASCII characters would). Read in
+    both byte orders from both of its first two bytes, since a streamed window may start inside
+    a character (reading big-endian text as little-endian one byte on garbles the character
+    beside a non-ASCII one, so both orders are read). A buffer without a NUL byte is never UTF-16
+    text (an ASCII character has one there) and costs one search for it."""
+    if b"\x00" not in data or (data[:2] not in _UTF16_BOMS and not _looks_utf16(data)):
+        return []
+    return [data[at:].decode(codec, "replace") for codec in ("utf-16-le", "utf-16-be") for at in (0, 1)]
+
+
+def _looks_utf16(data: bytes) -> bool:
+    """Whether at least half the NULs of `data` follow a printable ASCII byte, as the high bytes
+    of ASCII characters in UTF-16 do (in executables, images, archives and the like they come in
+    runs or after any byte: a fifth to two fifths do). Judged on a sample: the bytes around the
+    first NUL of each eighth of `data`, so a large buffer costs at most a search for NULs."""
+    if len(data) > 8 * _SAMPLE:
+        step = len(data) // 8
+        parts = []
+        for lo in range(0, 8 * step, step):
+            at = data.find(b"\x00", lo, lo + step)
+            if at >= 0:
+                parts.append(data[max(0, at - _SAMPLE // 2) : at + _SAMPLE // 2])
+        data = b"".join(parts)
+    return 2 * data.translate(_CLASSES).count(b"a\x00") >= data.count(b"\x00")
+
+
 @dataclass
 class _Group:
     """Detectors whose anchors are searched as one regex (they share a first byte)."""
@@ -130,7 +170,8 @@ class SecretScanner:
     anchors occur, the detectors they stand for run on the lines around them (MARGIN bytes each
     side, widened to whole lines; overlapping spans merged, so never more than the whole buffer).
     Every built-in match is shorter than MARGIN from its anchor or ends within its line, so a span
-    finds what the detector finds on the whole buffer."""
+    finds what the detector finds on the whole buffer. A buffer that is UTF-16 text
+    (`utf16_texts`) is searched again the same way, as that text in UTF-8, by the text detectors."""
 
     MARGIN = 1024
     overlap = 65536  # bytes carried between chunks of a streamed file: a secret up to this long is
@@ -174,10 +215,22 @@ class SecretScanner:
             group.text.append((det.name, det.search))
         self.groups = [g.compile() for g in groups.values()]
         self.unanchored = [name for name, _ in self._unanchored]  # each runs on every buffer
+        self._texts = bool(self._unanchored) or any(g.text for g in self.groups)  # worth a UTF-16 read
 
     def first_hit(self, data: bytes) -> str | None:
+        hit = self._hit(data, None)
+        if hit is None and self._texts:
+            for text in utf16_texts(data):  # [] unless `data` holds a NUL: only then does this cost
+                hit = self._hit(text.encode(), text)  # the same anchors, on the text as UTF-8
+                if hit is not None:
+                    break
+        return hit
+
+    def _hit(self, data: bytes, text: str | None) -> str | None:
+        """The first detector that fires on `data`; when `text` is given, `data` is that text in
+        UTF-8 and only the text detectors run."""
         for group in self.groups:
-            if group.gate and group.gate not in data:
+            if group.gate and (text is not None or group.gate not in data):
                 continue
             first = group.regex.search(data)
             if first is None:
@@ -192,8 +245,8 @@ class SecretScanner:
                     if any(search(t) for t in texts):
                         return name
         if self._unanchored:
-            text = data.decode("utf-8", "replace")
-            return next((n for n, search in self._unanchored if search(text)), None)
+            whole = data.decode("utf-8", "replace") if text is None else text
+            return next((n for n, search in self._unanchored if search(whole)), None)
         return None
 
     def _spans(self, anchor: re.Pattern[bytes], data: bytes, first: re.Match[bytes]) -> list[tuple[int, int]]:

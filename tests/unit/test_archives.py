@@ -401,3 +401,14 @@ def test_the_other_kinds_stop_within_the_bounds() -> None:
         "archive-unscannable:corrupt",
         "archive-unscannable:ratio",
     ]
+
+
+def test_a_member_written_in_utf16_is_scanned_as_text(tmp_path: Path, policy: Policy, stage_fn: Stage) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = f"$env:AWS_ACCESS_KEY_ID = '{AWS}'\r\n".encode("utf-16")
+    (ws / "scripts.zip").write_bytes(zip_bytes({"deploy.ps1": script}))
+    (ws / "clean.zip").write_bytes(zip_bytes({"deploy.ps1": "Write-Host 'hi'\r\n".encode("utf-16")}))
+    res = stage_fn(ws, tmp_path / "out", policy)
+    assert _rules(res) == {"scripts.zip": "archive:deploy.ps1:detector:aws-access-key"}
+    assert _staged(tmp_path / "out", "clean.zip")

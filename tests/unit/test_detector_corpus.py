@@ -30,7 +30,7 @@ from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, Redactor, known_detectors
 from airlockd.staging import copy as staging
 from airlockd.staging.copy import stage
-from airlockd.staging.secretscan import SecretScanner, _der_private_key, _utf16_private_key
+from airlockd.staging.secretscan import SecretScanner, _der_private_key, _utf16_private_key, utf16_texts
 
 Enc = serialization.Encoding
 Fmt = serialization.PrivateFormat
@@ -348,6 +348,48 @@ def test_staging_withholds_every_positive_and_copies_every_near_miss(
         assert (tmp_path / "copy" / "neg" / f"{i}.dat").read_bytes() == s.data
 
 
+# -- text written in UTF-16 ----------------------------------------------------------------------
+
+_UTF16 = {
+    "utf-16 with bom": lambda t: t.encode("utf-16"),
+    "utf-16-le": lambda t: t.encode("utf-16-le"),
+    "utf-16-be": lambda t: t.encode("utf-16-be"),
+    "utf-16-be with bom, from an odd byte": lambda t: b"\n" + b"\xfe\xff" + t.encode("utf-16-be"),
+    "utf-16-le among other scripts": lambda t: f"Пароль 密码 {t} ключ 키\n".encode("utf-16-le"),
+}
+_TEXT_POSITIVES = [s for s in POSITIVES if s.detector in DETECTORS]
+
+
+@pytest.mark.parametrize("encoding", sorted(_UTF16))
+@pytest.mark.parametrize("sample", _TEXT_POSITIVES, ids=lambda s: f"{s.detector}:{s.label}")
+def test_each_positive_of_a_text_detector_is_found_in_utf16(sample: Sample, encoding: str) -> None:
+    """A PowerShell script or a .reg export (UTF-16, either byte order, with or without a
+    byte-order mark) carries a token as surely as a UTF-8 file."""
+    data = _UTF16[encoding](_text(sample))
+    assert SecretScanner([sample.detector]).first_hit(data) == sample.detector
+
+
+@pytest.mark.parametrize(
+    "sample", [s for s in NEGATIVES if s.detector in DETECTORS], ids=lambda s: f"{s.detector}:{s.label}"
+)
+def test_each_near_miss_in_utf16_is_left_alone(sample: Sample) -> None:
+    for encode in _UTF16.values():
+        assert SecretScanner(ALL).first_hit(encode(_text(sample))) is None
+
+
+def test_binaries_with_nul_bytes_are_not_read_as_utf16() -> None:
+    """Only text pays for a second reading: executables, images and packed data do not look
+    like UTF-16 (their NULs come in runs, or after any byte), and a buffer without a NUL is
+    never UTF-16."""
+    rnd = random.Random(7)
+    noise = bytes(rnd.randrange(256) for _ in range(200_000))
+    elf = b"\x7fELF\x02\x01\x01" + bytes(9) + b"".join(rnd.randbytes(12) + bytes(4) for _ in range(20_000))
+    ints = b"".join(n.to_bytes(4, "little") for n in range(0, 4_000_000, 97))
+    for data in (noise, elf, ints, b"plain text, no NUL at all\n" * 100):
+        assert utf16_texts(data) == []
+    assert len(utf16_texts("a script\r\n".encode("utf-16-le"))) == 4
+
+
 # -- linear time ---------------------------------------------------------------------------------
 
 
@@ -416,7 +458,8 @@ def _full_verdict(name: str, data: bytes) -> bool:
         return _der_private_key(data)
     if name == "private-key-utf16":
         return _utf16_private_key(data)
-    return DETECTORS[name].search(data.decode("utf-8", "replace")) is not None
+    texts = [data.decode("utf-8", "replace"), *utf16_texts(data)]
+    return any(DETECTORS[name].search(text) is not None for text in texts)
 
 
 _FRAGMENTS = [s.data for s in POSITIVES + NEGATIVES]
@@ -425,6 +468,7 @@ _fragment = st.sampled_from(_FRAGMENTS).flatmap(
 )
 _filler = st.one_of(
     st.binary(max_size=64),
+    st.sampled_from(_FRAGMENTS).map(lambda d: d.decode("utf-8", "replace").encode("utf-16-le")),
     st.text(alphabet="ab -:/=\n\t\"'.@eyJLS0t", max_size=64).map(str.encode),
     st.integers(0, 3000).map(lambda n: b"x" * n),
     st.integers(0, 3000).map(lambda n: b"\n" * n),

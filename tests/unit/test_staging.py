@@ -185,6 +185,45 @@ def test_large_files_stream_and_a_secret_across_a_chunk_boundary_is_found(
     assert res.base["big-clean.log"].mode == 0o640
 
 
+def test_withheld_by_content_written_in_utf16(ws: Path, tmp_path: Path, policy: Policy) -> None:
+    """A PowerShell script or a .reg export: UTF-16 in either byte order, with or without a
+    byte-order mark; a clean one, and a binary with NULs, are staged as they are."""
+    encodings = {"bom": "utf-16", "le": "utf-16-le", "be": "utf-16-be"}
+    samples = {d: t for d, t in SAMPLES.items() if d != "private-key"}  # that one: private-key-utf16
+    for detector, sample in samples.items():
+        for tag, codec in encodings.items():
+            write(ws, f"scripts/{detector}.{tag}.ps1", f"# setup\r\n$t = '{sample.strip()}'\r\n".encode(codec))
+    write(ws, "clean.reg", "Windows Registry Editor Version 5.00\r\n[HKEY_CURRENT_USER\\X]\r\n".encode("utf-16"))
+    write(ws, "lib.so", b"\x7fELF\x02\x01\x01" + b"\x00\x00\x00\x00\x01\x02\x03\x04" * 500)
+    res = run(ws, tmp_path, policy)
+    rules = {w.path: w.rule for w in res.withheld}
+    first = {
+        d: next(n for n in policy.withhold.detectors if n in DETECTORS and DETECTORS[n].search(t))
+        for d, t in samples.items()
+    }
+    assert rules == {f"scripts/{d}.{tag}.ps1": f"detector:{first[d]}" for d in samples for tag in encodings}
+    for rel in ("clean.reg", "lib.so"):
+        assert (tmp_path / "copy" / rel).read_bytes() == (ws / rel).read_bytes()
+
+
+@pytest.mark.parametrize(("codec", "odd"), [("utf-16-le", False), ("utf-16-le", True), ("utf-16-be", True)])
+def test_a_utf16_secret_across_a_chunk_boundary_is_found(
+    ws: Path, tmp_path: Path, policy: Policy, monkeypatch: pytest.MonkeyPatch, codec: str, odd: bool
+) -> None:
+    """The windows of a streamed file start at either byte of a UTF-16 character."""
+    monkeypatch.setattr(staging, "READ_WHOLE", 1000)
+    monkeypatch.setattr(staging, "CHUNK", 4096)
+    monkeypatch.setattr(SecretScanner, "overlap", 512)  # windows that start inside the file
+    token = SAMPLES["github-token"].encode(codec)
+    data = bytearray(b"." * odd + ("-" * 15_000).encode(codec))
+    start = 4096 * 2 - len(token) // 2 + odd  # straddles the boundary between two chunks
+    data[start : start + len(token)] = token
+    write(ws, "big.log", bytes(data))
+    res = run(ws, tmp_path, policy)
+    assert [(w.path, w.rule) for w in res.withheld] == [("big.log", "detector:github-token")]
+    assert not (tmp_path / "copy/big.log").exists()
+
+
 def test_redactor_learns_withheld_values_and_nothing_is_stored(ws: Path, tmp_path: Path, policy: Policy) -> None:
     write(ws, ".env", "DB_PASSWORD=correct-horse-battery\n# comment\nAPI=zzz-top-secret-42\n")
     write(ws, ".aws/credentials", "[default]\naws_secret_access_key = wJalrXUtnFEMIK7MDENG\n")

@@ -61,6 +61,7 @@ RATIO = 1000  # uncompressed / compressed past RATIO_FLOOR bytes: a bomb
 RATIO_FLOOR = 1 << 20
 MEMBER_CHARS = 120
 _READ = 1 << 20
+_SNIFF = 512  # the first bytes `sniff` needs of a member (a tar header)
 
 
 def trivial(size: int, data: bytes) -> bool:
@@ -283,6 +284,8 @@ class ArchiveScanner:
     def _content(self, chunks: Iterator[bytes], name: str, depth: int, budget: _Budget, out: ArchiveScan) -> None:
         """Scan one member's bytes (detectors with overlap, hash); open it when it is an archive."""
         first = next(chunks, b"")
+        while len(first) < _SNIFF and (more := next(chunks, None)) is not None:
+            first += more  # a stream may give a short first read: too short to know a tar by
         budget.spend(len(first))
         kind = sniff(first, b"")
         if kind is not None:

@@ -4,14 +4,14 @@ stager under test).
 
 Each example plants 1 to 4 secrets in a fresh git workspace, each drawn as: a format (cloud and
 forge tokens, a JWT, a PEM or PuTTY private key, URL credentials, an Azure connection string, a
-.pgpass line; the random core is what must never appear), and a place: a file with a withheld
-name (in any case, in a random folder), an ordinary-looking file whose content carries it, a
-member of an archive (zip, tar, tar.gz, tar.bz2, tar.xz) nested 1 to 3 deep under an innocent
-name, a file whose name is the secret, or a file committed once and deleted since (history). The
-agent in the container then hunts: it prints every file's bytes, every archive's listing, the
-whole history (`git log --all -p`, every object), and exits. Every secret's core is then searched
-in the agent's output, the run's withheld list (masked), every CLI output, and every file under
-the state directory (gzip files decompressed).
+.pgpass line; the random core is what must never appear), and a place: a file with a withheld name
+(in any case, in a random folder), an ordinary-looking file whose content carries it (in UTF-8 or
+UTF-16), a member of an archive (zip, tar, tar.gz, tar.bz2, tar.xz, a v7 tar, ar, cpio, cpio.gz, a
+zlib stream) nested 1 to 3 deep under an innocent name, a file whose name is the secret, or a file
+committed once and deleted since (history). The agent in the container then hunts: it prints every
+file's bytes, every archive's listing, the whole history (`git log --all -p`, every object), and
+exits. Every secret's core is then searched in the agent's output, the run's withheld list (masked),
+every CLI output, and every file under the state directory (gzip files decompressed).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import tarfile
 import tempfile
 import textwrap
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
+from archivekinds import ar_bytes, cpio_bytes, v7_tar_bytes
 from daemons import end_daemons
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,7 +95,7 @@ CORES = {  # the part of each format that must never appear (what a format keeps
 WITHHELD_NAMES = [".env", ".ENV", "prod.env", "id_rsa", "ID_RSA", "cert.PEM", "key.Pem", ".npmrc", "_netrc", ".Pgpass"]
 INNOCENT = ["notes.txt", "README.md", "data.json", "config.yaml", "main.py"]
 FOLDERS = ["", "src", "Deep/er/still/deeper", "sub/.docker", "A/b/C"]
-ARCHIVES = ["zip", "tar", "tar.gz", "tar.bz2", "tar.xz"]
+ARCHIVES = ["zip", "tar", "tar.gz", "tar.bz2", "tar.xz", "tar-v7", "ar", "cpio", "cpio.gz", "zlib"]
 
 
 @st.composite
@@ -102,7 +104,7 @@ def plantings(draw: st.DrawFn) -> list[dict[str, object]]:
     for i in range(draw(st.integers(1, 4))):
         fmt = draw(st.sampled_from(sorted(FORMATS)))
         make, nameable = FORMATS[fmt]
-        places = ["withheld-name", "content", "archive", "history"] + (["name"] if nameable else [])
+        places = ["withheld-name", "content", "utf16", "archive", "history"] + (["name"] if nameable else [])
         core = draw(CORE)
         out.append(
             {
@@ -121,7 +123,16 @@ def plantings(draw: st.DrawFn) -> list[dict[str, object]]:
 
 
 def _archive(kind: str, name: str, data: bytes) -> bytes:
-    """An archive of `kind` holding `name` with `data`."""
+    """An archive of `kind` holding `name` with `data` (a zlib stream: `data` alone)."""
+    other = {
+        "tar-v7": lambda: v7_tar_bytes({name: data}),
+        "ar": lambda: ar_bytes({name: data}),
+        "cpio": lambda: cpio_bytes({name: data}),
+        "cpio.gz": lambda: gzip.compress(cpio_bytes({name: data})),
+        "zlib": lambda: zlib.compress(data),
+    }
+    if kind in other:
+        return other[kind]()
     buf = io.BytesIO()
     if kind == "zip":
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -153,6 +164,9 @@ def _plant(ws: Path, secrets: list[dict[str, object]]) -> dict[str, str]:
             rel = folder / f"w{s['i']}" / str(s["name"])
         elif place == "content":
             rel = folder / f"c{s['i']}" / str(s["innocent"])
+        elif place == "utf16":  # a PowerShell script, a .reg export
+            rel = folder / f"u{s['i']}" / str(s["innocent"])
+            text = text.decode().encode("utf-16")
         elif place == "name":
             rel = folder / f"n{s['i']}" / f"{s['text']}.txt"
             text = b"nothing secret in here\n"

@@ -2,18 +2,23 @@
 odd spellings and depths, hard links and copies of them, archives holding them (nested), and a
 secret in a file name; the agent hunts for them across `/workspace` (grep, tar, and Python
 opening every archive it finds, nested, and every compressed stream) and finds none, while the
-same hunt does find a harmless marker planted the same ways (so the hunt itself works)."""
+same hunt does find a harmless marker planted the same ways (so the hunt itself works). The
+archives are of every kind the scanner knows (zip, tar and v7 tar, ar and .deb, cpio, gzip / xz /
+zlib streams) or withholds unopened (zstd), and one secret is written in UTF-16."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
 import textwrap
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
+from archivekinds import ZSTD_FRAME, ar_bytes, cpio_bytes, v7_tar_bytes
 
 from airlockd.records import RunState
 from airlockd.runs.service import Service
@@ -38,20 +43,31 @@ HUNT = r"""
 set -u
 cd /workspace
 python3 - > hunt.txt 2>&1 <<'EOF'
-import bz2, gzip, io, lzma, os, re, tarfile, zipfile
+import bz2, gzip, io, lzma, os, re, tarfile, zipfile, zlib
 CANARY = "LEAK" + "CANARY"
 SEEN = "HUNT" + "CAN-SEE"
 KEYNAME = re.compile(r"AKIA[A-Z0-9]{16}")
 found, seen = [], []
 
+def ar_members(data):
+    at = 8
+    while at + 60 <= len(data):
+        size = int(data[at + 48 : at + 58])
+        yield data[at : at + 16].decode().strip().rstrip("/"), data[at + 60 : at + 60 + size]
+        at += 60 + size + size % 2
+
 def look(where, name, data, depth=0):
     if KEYNAME.search(name):
         found.append(("name", where))
-    if CANARY.encode() in data:
+    if any(CANARY.encode(c) in data for c in ("utf-8", "utf-16-le", "utf-16-be")):
         found.append(("content", where))
     if SEEN.encode() in data:
         seen.append(where)
     if depth > 6:
+        return
+    if data.startswith(b"!<arch>\n"):
+        for n, member in ar_members(data):
+            look(where + "!" + n, n, member, depth + 1)
         return
     bio = io.BytesIO(data)
     try:
@@ -62,7 +78,7 @@ def look(where, name, data, depth=0):
             return
     except Exception:
         pass
-    for opener in (gzip.decompress, bz2.decompress, lzma.decompress):
+    for opener in (gzip.decompress, bz2.decompress, lzma.decompress, zlib.decompress):
         try:
             look(where + "!~", "", opener(data), depth + 1)
             return
@@ -141,8 +157,22 @@ def ws(tmp_path: Path) -> Path:
     _write(ws, "bundle.tar.gz", _tar({"inner/deploy.zip": inner}, "w:gz"))
     _write(ws, "data.zip", _zip({"conf/settings.cfg": env.encode()}))  # a withheld file's bytes
     _write(ws, "stuff.tar.xz", _tar({"notes.txt": f"id = {AWS}\n".encode()}, "w:xz"))
+    # the kinds the standard library does not open, and a token written in UTF-16
+    _write(ws, "old.tar", v7_tar_bytes({"conf/.env": f"K={CANARY}-v7tar-1212\n".encode()}))
+    _write(ws, "libx.a", ar_bytes({"x.o": b"\x7fELF", "a-long-member-name.env": f"{CANARY}-ar\n".encode()}))
+    data = _tar({"etc/app/.env": f"P={CANARY}-deb-3434\n".encode()}, "w:xz")
+    _write(ws, "pkg.deb", ar_bytes({"debian-binary": b"2.0\n", "data.tar.xz": data}))
+    _write(ws, "initrd.img", gzip.compress(cpio_bytes({"etc/.env": f"Q={CANARY}-cpio-5656\n".encode()})))
+    _write(ws, "keys.cpio", cpio_bytes({"home/u/.ssh/id_rsa": f"{CANARY}-odc\n".encode()}, "odc"))
+    _write(ws, "object.bin", zlib.compress(f"key = {AWS} {CANARY}-zlib\n".encode()))
+    _write(ws, "cache.zst", ZSTD_FRAME)
+    _write(ws, "setup.ps1", f"$env:AWS_ACCESS_KEY_ID = '{AWS}' # {CANARY}-utf16\r\n".encode("utf-16"))
     # the positive controls: the same shapes, nothing withheld in them
     _write(ws, "fine.tar.gz", _tar({"inner/fine.zip": _zip({"ok.txt": SEEN.encode()})}, "w:gz"))
+    control = _tar({"ok.txt": SEEN.encode()}, "w:gz")
+    _write(ws, "fine.deb", ar_bytes({"debian-binary": b"2.0\n", "data.tar.gz": control}))
+    _write(ws, "fine.z", zlib.compress(f"{SEEN}\n".encode()))
+    _write(ws, "notes.txt", "x^2 is not a zlib stream\n")
     _write(ws, "plain.txt", f"{SEEN}\n")
     return ws
 
@@ -159,10 +189,21 @@ def test_the_agent_finds_no_withheld_value_anywhere(ws: Path, stager: str) -> No
     seen = [line for line in report.splitlines() if line.startswith("SEEN")]
     assert any("fine.tar.gz!" in s and s.endswith("ok.txt") for s in seen), report
     assert any(s.endswith("plain.txt") for s in seen), report
+    assert any("fine.deb!data.tar.gz!~!ok.txt" in s for s in seen), report
+    assert any(s.endswith("fine.z!~") for s in seen), report
     withheld = {w["path"]: w["rule"] for w in rec.withheld}
     assert withheld["a-link.txt"] == "hardlink-of-withheld"
     assert withheld["backup/settings.txt"] == "copy-of-withheld"
     assert withheld["data.zip"] == "archive:conf/settings.cfg:copy-of-withheld"
     assert withheld["bundle.tar.gz"] == "archive:inner/deploy.zip/app/.env:withhold:.env"
     assert withheld["names/key-[REDACTED].txt"] == "detector-in-name:aws-access-key"
+    assert withheld["old.tar"] == "archive:conf/.env:withhold:.env"
+    assert withheld["libx.a"] == "archive:a-long-member-name.env:withhold:*.env"
+    assert withheld["pkg.deb"] == "archive:data.tar.xz/etc/app/.env:withhold:.env"
+    assert withheld["initrd.img"] == "archive:etc/.env:withhold:.env"
+    assert withheld["keys.cpio"] == "archive:home/u/.ssh/id_rsa:withhold:.ssh/"
+    assert withheld["object.bin"] == "archive:(compressed payload):detector:aws-access-key"
+    assert withheld["cache.zst"] == "archive-unscannable:unsupported"
+    assert withheld["setup.ps1"] == "detector:aws-access-key"
+    assert not {"fine.deb", "fine.z", "notes.txt"} & set(withheld)
     assert AWS not in repr(rec.model_dump())

@@ -31,7 +31,7 @@ from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
 from airlockd.staging.gitcopy import git_data, is_git_dir, is_git_entry
-from airlockd.staging.secretscan import SecretScanner
+from airlockd.staging.secretscan import SecretScanner, utf16_texts
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
@@ -145,6 +145,16 @@ def is_text(data: bytes) -> bool:
     return b"\0" not in data[:8192]
 
 
+def values_text(data: bytes) -> str | None:
+    """What a withheld file says, for the redactor to learn its values: UTF-8 text, or UTF-16
+    text (a PowerShell script, a .reg export: read in the byte order that gives the most ASCII
+    characters; the wrong one reads as CJK); None for anything else."""
+    if is_text(data):
+        return data.decode("utf-8", "replace")
+    texts = utf16_texts(data)
+    return max(texts, key=lambda t: len(t.encode("ascii", "ignore"))) if texts else None
+
+
 def link_escapes(link: str, target: str, tree: Manifest) -> bool:
     """Whether symlink `link` (a relative path in `tree`) with `target` can resolve outside the
     tree's root. Absolute targets escape. Components that are links in `tree` are followed (with
@@ -246,8 +256,9 @@ class StagingWalk:
 
     def _withhold(self, rel: str, rule: str, data: bytes | None = None) -> None:
         self.result.withheld.append(Withheld(rel, rule))
-        if self.redactor is not None and data is not None and is_text(data):
-            self.redactor.add_file_values(data[:REDACT_READ].decode("utf-8", "replace"))
+        text = values_text(data[:REDACT_READ]) if self.redactor is not None and data is not None else None
+        if self.redactor is not None and text is not None:
+            self.redactor.add_file_values(text)
 
     def _skip(self, rel: str, rule: str) -> None:
         self.result.skipped.append(Withheld(rel, rule))
@@ -411,8 +422,9 @@ class StagingWalk:
                     ident, head = self.identify(fd, de.name, shown, self._shown(f"{rel}/{sub}"))
                     if ident is not None:
                         self.result.ids.append(ident)
-                    if self.redactor is not None and head is not None and is_text(head):
-                        self.redactor.add_file_values(head.decode("utf-8", "replace"))
+                    text = values_text(head) if self.redactor is not None and head is not None else None
+                    if self.redactor is not None and text is not None:
+                        self.redactor.add_file_values(text)
             finally:
                 os.close(top)
         except OSError:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld, is_text, link_escapes
+from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld, link_escapes, values_text
 from airlockd.staging.fdtree import O_DIR, open_dir
 from airlockd.staging.gitcopy import DOTGIT as GIT
 from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
@@ -233,8 +233,9 @@ def _learn(stager: Incremental, src_root: int, rels: list[str], st: KeptState) -
             os.close(fd)
         if ident is not None:
             out.append(ident)
-        if stager.redactor is not None and data is not None and is_text(data):
-            stager.redactor.add_file_values(data.decode("utf-8", "replace"))
+        text = values_text(data) if stager.redactor is not None and data is not None else None
+        if stager.redactor is not None and text is not None:
+            stager.redactor.add_file_values(text)
     return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from airlockd.pipeline.manifest import walk
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
+from airlockd.staging.copy import values_text
 from airlockd.staging.secretscan import SecretScanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them
@@ -58,8 +59,9 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor)
             continue
         finally:
             os.close(fd)
-        if b"\0" not in data[:8192]:
-            redactor.add_file_values(data.decode("utf-8", "replace"))
+        text = values_text(data)
+        if text is not None:
+            redactor.add_file_values(text)
             read.append(rel)
     return read
 

@@ -426,3 +426,23 @@ def test_a_repository_bundle_or_pack_under_another_name_is_withheld(
         if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts:
             assert p.read_bytes()[:4] != b"PACK", p
     assert (out / "app.py").exists()
+
+
+# -- values of withheld files in UTF-16 --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_values_of_a_withheld_utf16_file_are_learnt(tmp_path: Path, policy: Policy, codec: str) -> None:
+    """A `.env` written in UTF-16 (an editor on Windows, a PowerShell export): its value is
+    masked afterwards, by every stager's redactor and by the daemon's walk (`learn`)."""
+    ws = tmp_path / "ws"
+    write(ws, "sub/.env", ENV.encode(codec))
+    write(ws, "a.txt")
+    value = ENV.split("=", 1)[1].strip()
+    red = Redactor()
+    res = stage(ws, tmp_path / "out", policy, Level.INTERNAL, redactor=red)
+    assert "sub/.env" in rules(res)
+    assert value not in red.text(f"the agent said {value}")
+    walked = Redactor()
+    learn(ws, policy, Level.INTERNAL, walked)
+    assert value not in walked.text(f"the agent said {value}")

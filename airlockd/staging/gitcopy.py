@@ -471,7 +471,8 @@ class Repo:
             self._clear_refs(ref)
         if moved:
             if ref is not None:
-                self._mkdirs(Path(ref).parent)
+                if head != state.head:
+                    self._mkdirs(Path(ref).parent)
                 self._replace(ref, commit.hex().encode() + b"\n")
                 if head != state.head:
                     self._replace("HEAD", f"ref: {ref}\n".encode())

@@ -34,6 +34,7 @@ _TYPES = {b"commit": 1, b"tree": 2, b"blob": 3}
 _IDX_MAGIC = b"\xfftOc"
 _BIG = 1 << 31  # offsets from here on go to the idx's 8-byte table
 _WRITEV = 512  # buffers per writev
+_IN_MEMORY = 4 << 20  # a pack up to this size is written once, from memory
 
 
 def object_id(kind: bytes, data: bytes) -> bytes:
@@ -88,18 +89,19 @@ class Pack:
 
 class PackWriter:
     """A new packfile, objects appended as they come; `finish` gives it its checksum and index
-    and renames both into `pack/` (the index last: git sees a pack only by its index)."""
+    and renames both into `pack/` (the index last: git sees a pack only by its index). A small
+    pack (a refresh's) is kept in memory and written once; a big one (a cold build's) is
+    streamed to its file, and its checksum read back."""
 
     def __init__(self, pack_dir: Path, owner: tuple[int, int] | None) -> None:
         self.dir = pack_dir
         self.owner = owner
         self.tmp = pack_dir / "tmp_pack_airlockd"
-        self.tmp.unlink(missing_ok=True)
-        self.fd = os.open(self.tmp, _O_RW_NEW, 0o444)
-        os.write(self.fd, b"PACK" + struct.pack(">II", 2, 0))  # the count is set by `finish`
+        self.fd = -1  # the file, once the pack outgrows memory
         self.offset = 12
         self.objects: dict[bytes, tuple[int, int, int]] = {}
         self._queue: list[bytes | memoryview] = []
+        self._queued = 0
 
     def add(self, oid: bytes, kind: bytes, data: bytes) -> None:
         pieces = [_pack_header(kind, len(data)), *stored_zlib(b"", data)]
@@ -118,50 +120,71 @@ class PackWriter:
         self.objects[oid] = (self.offset, length, crc)
         self.offset += length
         self._queue.extend(pieces)
-        if len(self._queue) >= _WRITEV:
+        self._queued += length
+        if len(self._queue) >= _WRITEV or self._queued >= _IN_MEMORY:
+            if self.fd < 0:
+                self.fd = self._create(self.tmp)
+                os.write(self.fd, b"PACK" + struct.pack(">II", 2, 0))  # the count is set by `finish`
             self._flush()
 
     def _flush(self) -> None:
-        queue, self._queue = self._queue, []
-        while queue:
-            done = os.writev(self.fd, queue[:_WRITEV])
-            while queue and done >= len(queue[0]):
-                done -= len(queue[0])
-                queue.pop(0)
-            if done:
-                queue[0] = memoryview(queue[0])[done:]
+        queue, self._queue, self._queued = self._queue, [], 0
+        _writev_all(self.fd, queue)
+
+    @staticmethod
+    def _create(path: Path) -> int:
+        try:
+            return os.open(path, _O_RW_NEW, 0o444)
+        except FileExistsError:  # left by a process that died writing
+            path.unlink(missing_ok=True)
+            return os.open(path, _O_RW_NEW, 0o444)
 
     def abandon(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        self.tmp.unlink(missing_ok=True)
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.tmp.unlink(missing_ok=True)
+        self.fd = -1
 
     def finish(self, digests: dict[str, Entry] | None) -> Pack:
         """The pack's checksum and index written, both renamed into place; with `digests`, the
         two files' entries added to it (paths under `objects/`)."""
-        try:
-            self._flush()
-            os.pwrite(self.fd, struct.pack(">I", len(self.objects)), 8)
-            sha = hashlib.sha1()
-            whole = hashlib.sha256() if digests is not None else None
-            if self.offset:
+        sha = hashlib.sha1()
+        whole = hashlib.sha256() if digests is not None else None
+        if self.fd < 0:  # all in memory: the count is known, one write
+            header = b"PACK" + struct.pack(">II", 2, len(self.objects))
+            for piece in [header, *self._queue]:
+                sha.update(piece)
+                if whole is not None:
+                    whole.update(piece)
+            trailer = sha.digest()
+            self.fd = self._create(self.tmp)
+            try:
+                _writev_all(self.fd, [header, *self._queue, trailer])
+                if self.owner is not None:
+                    os.fchown(self.fd, *self.owner)
+            finally:
+                os.close(self.fd)
+            self._queue = []
+        else:
+            try:
+                self._flush()
+                os.pwrite(self.fd, struct.pack(">I", len(self.objects)), 8)
                 with mmap.mmap(self.fd, self.offset, access=mmap.ACCESS_READ) as mm:
                     sha.update(mm)
                     if whole is not None:
                         whole.update(mm)
-            trailer = sha.digest()
-            os.pwrite(self.fd, trailer, self.offset)
-            if self.owner is not None:
-                os.fchown(self.fd, *self.owner)
-        finally:
-            os.close(self.fd)
+                trailer = sha.digest()
+                os.pwrite(self.fd, trailer, self.offset)
+                if self.owner is not None:
+                    os.fchown(self.fd, *self.owner)
+            finally:
+                os.close(self.fd)
         name = f"pack-{trailer.hex()}"
         idx = _idx(self.objects, trailer)
-        pack_path = self.dir / f"{name}.pack"
-        os.replace(self.tmp, pack_path)
+        os.replace(self.tmp, self.dir / f"{name}.pack")
         tmp_idx = self.dir / "tmp_idx_airlockd"
-        tmp_idx.unlink(missing_ok=True)
-        fd = os.open(tmp_idx, _O_NEW, 0o444)
+        fd = self._create(tmp_idx)
         try:
             write_all(fd, idx)
             if self.owner is not None:
@@ -174,6 +197,18 @@ class PackWriter:
             digests[f"objects/pack/{name}.pack"] = Entry(Kind.FILE, 0o444, self.offset + 20, whole.hexdigest())
             digests[f"objects/pack/{name}.idx"] = Entry(Kind.FILE, 0o444, len(idx), hashlib.sha256(idx).hexdigest())
         return Pack(name, self.objects)
+
+
+def _writev_all(fd: int, pieces: list[bytes | memoryview]) -> None:
+    queue = list(pieces)
+    at = 0
+    while at < len(queue):
+        done = os.writev(fd, queue[at : at + _WRITEV])
+        while at < len(queue) and done >= len(queue[at]):
+            done -= len(queue[at])
+            at += 1
+        if done:
+            queue[at] = memoryview(queue[at])[done:]
 
 
 def _idx(objects: dict[bytes, tuple[int, int, int]], pack_sha: bytes) -> bytes:

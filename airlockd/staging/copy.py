@@ -237,10 +237,27 @@ class StagingWalk:
             return f"withhold:{self.withheld_path.which(probe)}"
         if self.above(probe):
             return f"label:{self.policy.label_of(probe).value}>{self.clearance.value}"
+        if rel in self._clean_names:
+            return None
         hit = self.scanner.first_hit(os.fsencode(rel))
         if hit is not None:
             return f"{IN_NAME}{hit}"
         return None
+
+    _clean_names: frozenset[str] = frozenset()  # the current directory's paths, when none holds a secret
+
+    def _names_without_secrets(self, rels: list[str]) -> frozenset[str]:
+        """`rels` (one directory's entries) when the detectors find nothing in them all, one per
+        line: one scan per directory instead of one per name. A name a detector fires on makes
+        the scan fire too (every built-in detector that matches a string matches a text holding
+        it as a line: their anchors are `\b`, lookarounds on word characters and multi-line `^`),
+        so only then is each name scanned alone. A workspace's own detectors may anchor anywhere:
+        with any, every name is scanned alone."""
+        if not rels or self.policy.withhold.custom:
+            return frozenset()
+        if self.scanner.first_hit(os.fsencode("\n".join(rels))) is not None:
+            return frozenset()
+        return frozenset(rels)
 
     def _mask(self, path: str) -> str:
         return (self.redactor or _PLAIN).text(path)
@@ -333,6 +350,7 @@ class StagingWalk:
             self._skip(prefix.rstrip("/"), os_rule(exc))
             return []
         subdirs: list[str] = []
+        self._clean_names = self._names_without_secrets([prefix + de.name for de in entries])
         for de in entries:
             rel = prefix + de.name
             if is_git_entry(de.name):  # history holds every secret ever committed; never read

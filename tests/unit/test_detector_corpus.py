@@ -517,3 +517,18 @@ def test_a_secret_across_the_real_8_mib_boundary_is_withheld(tmp_path: Path, eve
     (tmp_path / "ws" / "huge.log").write_bytes(bytes(data))
     res = stage(tmp_path / "ws", tmp_path / "copy", every_detector_policy, Level.INTERNAL)
     assert [(w.path, w.rule) for w in res.withheld] == [("huge.log", "detector:jwt")]
+
+
+def test_a_name_that_hits_makes_its_directorys_batch_hit() -> None:
+    """The staging walk scans a directory's paths as one text, a line each, and each alone only
+    when that text hits (copy.StagingWalk._names_without_secrets): every positive, as a line
+    among other names, still hits."""
+    scanner = SecretScanner(ALL)
+    positives, _ = _corpus()
+    for sample in positives:
+        if b"\x00" in sample.data or sample.detector.startswith("private-key-"):
+            continue  # byte detectors: a name holds no NUL
+        name = sample.data.decode("utf-8", "replace")
+        joined = "\n".join(["src/a.py", f"dir/{name}", "README.md"]).encode()
+        assert scanner.first_hit(name.encode()) is not None, sample.detector
+        assert scanner.first_hit(joined) is not None, (sample.detector, sample.label)

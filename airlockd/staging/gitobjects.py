@@ -35,6 +35,9 @@ _IDX_MAGIC = b"\xfftOc"
 _BIG = 1 << 31  # offsets from here on go to the idx's 8-byte table
 _WRITEV = 512  # buffers per writev
 _IN_MEMORY = 4 << 20  # a pack up to this size is written once, from memory
+PACK_BYTES = 32 << 20  # a cold build's packs are cut at this size: a purge rewrites only those
+# holding dead objects, so it costs what changed (a few packs), never the whole tree
+SMALL = 4 << 20  # packs below this (a refresh's) are joined into one by every purge
 
 
 def object_id(kind: bytes, data: bytes) -> bytes:
@@ -85,6 +88,10 @@ class Pack:
 
     name: str
     objects: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # oid -> offset, length, crc32
+
+    @property
+    def size(self) -> int:
+        return max((off + length for off, length, _ in self.objects.values()), default=12)
 
 
 class PackWriter:
@@ -366,6 +373,8 @@ class ObjectStore:
         if oid in have:
             self.dead.discard(oid)  # reachable again
             return oid
+        if self.writer is not None and self.writer.offset >= PACK_BYTES:
+            self.end_pack()
         self.begin_pack()
         assert self.writer is not None
         self.writer.add(oid, kind, data)
@@ -384,9 +393,9 @@ class ObjectStore:
         self.remove(self.listing() - reachable)
 
     def purge(self, *, small_only: bool = False) -> int:
-        """Remove the dead: loose ones unlinked, packs rewritten without them; the packs but the
-        largest joined into one. With `small_only`, the largest pack is left as it is (dead
-        objects in it stay). How many objects went."""
+        """Remove the dead: loose ones unlinked, the packs holding any rewritten without them,
+        the small packs joined into one. With `small_only`, only the small packs are joined
+        (dead objects elsewhere stay). How many objects went."""
         have = self.listing()
         gone = 0
         if not small_only:
@@ -398,15 +407,19 @@ class ObjectStore:
                 if not any(oid in p.objects for p in self.packs.values()):
                     have.discard(oid)
                     gone += 1
-        packs = sorted(self.packs.values(), key=lambda p: len(p.objects))
-        old = packs[:-1] if len(packs) > 1 else []
-        if packs and not small_only and self.dead.intersection(packs[-1].objects):
-            old.append(packs[-1])
-        if not old or (len(old) == 1 and not self.dead.intersection(old[0].objects)):
-            self.dead &= have
-            if not small_only:
-                self.dead -= self.loose
-            return gone
+        small = [p for p in self.packs.values() if p.size < SMALL]
+        groups = [small] if len(small) > 1 or (small and self.dead.intersection(small[0].objects)) else []
+        if not small_only:  # each pack holding dead objects on its own: a purge costs those packs
+            groups += [[p] for p in self.packs.values() if p.size >= SMALL and self.dead.intersection(p.objects)]
+        for group in groups:
+            gone += self._rewrite(group, have)
+        self.dead &= have
+        if not small_only:
+            self.dead -= self.loose
+        return gone
+
+    def _rewrite(self, old: list[Pack], have: set[bytes]) -> int:
+        """`old` packs replaced by one pack of their live objects; how many objects went."""
         writer = PackWriter(self.dir / "pack", self.owner)
         kept: set[bytes] = set()
         try:
@@ -429,14 +442,20 @@ class ObjectStore:
         new = writer.finish(self.digests) if writer.objects else None
         if new is None:
             writer.abandon()
+        gone = 0
+        for name in {p.name for p in old}:
+            del self.packs[name]
+            if new is None or name != new.name:  # the same objects in the same order: the same pack
+                self._unlink_pack(name)
         for pack in old:
-            del self.packs[pack.name]
-            self._unlink_pack(pack.name)
             for oid in pack.objects:
-                if oid not in kept and oid not in self.loose and not any(oid in p.objects for p in self.packs.values()):
-                    have.discard(oid)
-                    self.dead.discard(oid)
-                    gone += 1
+                if oid in kept or oid in self.loose or oid not in have:
+                    continue
+                if any(oid in p.objects for p in self.packs.values()):
+                    continue
+                have.discard(oid)
+                self.dead.discard(oid)
+                gone += 1
         if new is not None:
             self.packs[new.name] = new
         return gone

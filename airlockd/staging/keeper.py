@@ -262,7 +262,13 @@ class MirrorKeeper:
                 stager.rules = st.rules
                 line = apply(self.workspace, st, changes, stager, mirror.tree(gen), stamp, stats)
                 gitcopy.MIRRORS.refresh(
-                    mirror.root, mirror.tree(gen), self.workspace, owner, st.base, changed=stager.changed
+                    mirror.root,
+                    mirror.tree(gen),
+                    self.workspace,
+                    owner,
+                    st.base,
+                    changed=stager.changed,
+                    purge=stager.withheld_changed,  # a value learnt now may be in a dead object
                 )
                 size = mirror.append_cache(line)
                 if size > COMPACT_LOG_BYTES:

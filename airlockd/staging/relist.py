@@ -125,6 +125,7 @@ class Incremental(MirrorStager):
 
     identity_changed = False
     changed: list[str] | None = None  # after `apply`: the paths whose entries changed (no directory)
+    withheld_changed = False  # after `apply`: a path newly withheld, or a withheld file changed
 
     def keep_dir(self, src: int, dst: int, rel: str) -> None:
         """An existing subdirectory whose contents are not in question: its own entry only."""
@@ -313,6 +314,7 @@ def _fold(
     touched = scope | new_base.keys() | stager.new.keys()
     touched |= {w.path for w in res.withheld} | {s.path for s in res.skipped}
     before = {rel: st.base.get(rel) for rel in scope | new_base.keys()}
+    was = {rel: (st.withheld.get(rel), st.cache.get(rel)) for rel in scope}
     nodes: dict[str, Entry | None] = {}
     for rel in scope:
         e = st.base.pop(rel, None)
@@ -359,6 +361,7 @@ def _fold(
             st.withheld[rel] = ESCAPE
             nodes[rel] = None
             scope.add(rel)
+    stager.withheld_changed = _withheld_changed(st, was, res.withheld)
     stager.changed = []
     for rel, old in before.items():
         now = st.base.get(rel)
@@ -368,6 +371,21 @@ def _fold(
     st.tree.update({p: None for p, e in nodes.items() if e is None})
     st.tree.update({p: e for p, e in nodes.items() if e is not None})
     stats.removed += len(dropped)
+
+
+def _withheld_changed(st: KeptState, was: dict[str, tuple[str | None, Cached | None]], now: list[Withheld]) -> bool:
+    """Whether this refresh withheld a path it did not before (any rule: by name, content,
+    archive, identity) or saw a withheld file change: its values may be new to the redactor, and
+    an earlier version of any file may hold them (the mirror's repository must drop its dead
+    objects now, not at the next walk)."""
+    for w in now:
+        rule, cached = was.get(w.path, (None, None))
+        if rule is None or rule != w.rule:
+            return True
+        after = st.cache.get(w.path)
+        if cached is None or after is None or cached.key != after.key:
+            return True
+    return False
 
 
 def _log_line(st: KeptState, touched: set[str], stamp: int) -> bytes:

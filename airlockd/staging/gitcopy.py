@@ -23,7 +23,7 @@ The mirror (staging/mirror.py) keeps its repository in each generation and bring
 on every refresh (`MirrorRepos.refresh`): a file whose node is unchanged keeps its object, the
 trees above a change are rewritten, a split index records what changed, objects no longer
 referenced are marked dead (counted, so a refresh costs what changed, not the tree's size) and
-removed at the next walk (see `MirrorRepos.refresh`). Within a process that
+removed by the next purge (see `MirrorRepos.refresh`). Within a process that
 state is kept in memory (vouched for by the index file's identity); another process rebuilds it
 from the index on disk. Generations are hard-link clones (`cp -al`): no file is ever written in
 place (new objects and packs are new files, dead ones unlinked; the index, the shared index,
@@ -687,11 +687,11 @@ class MirrorRepos:
         `base` then the manifest they are part of), else those whose entries differ between the
         `base` given last time and this one (a walk). Otherwise every node is `lstat`ed.
 
-        `purge` (a walk's) removes the dead objects and joins the small packs. Between walks the
-        store may keep earlier versions of files this mirror staged (each was in the agent's copy under
-        the same policy and the same withheld files); a walk follows any change to a withheld
-        file, a policy change rebuilds the mirror, and walks come at least every
-        `keeper.WALK_EVERY_S`, so no object outlives the conditions it was staged under."""
+        `purge` (a walk's, and an incremental refresh's that withheld something new or saw a
+        withheld file change: keeper.py) removes the dead objects and joins the small packs.
+        Between purges the store may keep earlier versions of files this mirror staged, each
+        under the same policy and the same withheld files, so none can hold a value the redactor
+        has learnt since (docs/staging.md, "What a mirror's store may still hold")."""
         if not ENABLED:
             return
         head = workspace_head(workspace)

@@ -70,14 +70,23 @@ class Ident:
     path: str
     node: tuple[int, int]  # st_dev, st_ino
     sha256: str | None
+    # size, mtime_ns, ctime_ns of a file with other links: one outside the workspace can change
+    # it with no event inside (the keeper stats these at every refresh: keeper.linked_moved)
+    stamp: tuple[int, int, int] | None = None
 
     def row(self) -> list[object]:
-        return [self.top, self.path, *self.node, self.sha256]
+        return [self.top, self.path, *self.node, self.sha256, *(self.stamp or ())]
 
     @classmethod
     def from_row(cls, row: list[object]) -> Ident:
-        top, path, dev, ino, sha = row
-        return cls(str(top), str(path), (int(str(dev)), int(str(ino))), None if sha is None else str(sha))
+        top, path, dev, ino, sha, *stamp = row
+        return cls(
+            str(top),
+            str(path),
+            (int(str(dev)), int(str(ino))),
+            None if sha is None else str(sha),
+            (int(str(stamp[0])), int(str(stamp[1])), int(str(stamp[2]))) if len(stamp) == 3 else None,
+        )
 
 
 @dataclass
@@ -417,7 +426,8 @@ class StagingWalk:
         finally:
             os.close(fd)
         sha = h.hexdigest() if solid and size >= MIN_SOLID else None
-        return Ident(top, path, (st.st_dev, st.st_ino), sha), head if self.redactor is not None else None
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st.st_nlink > 1 else None
+        return Ident(top, path, (st.st_dev, st.st_ino), sha, stamp), head if self.redactor is not None else None
 
     def _withhold_file(self, src: int, name: str, rel: str, rule: str) -> None:
         shown = self._shown(rel, rule)

@@ -27,14 +27,16 @@ Generations are as for the walk: a generation a live run has mounted is cloned b
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from airlockd.policy import Level, Policy
-from airlockd.redact import Redactor
+from airlockd.redact import MASK, Redactor
 from airlockd.staging import gitcopy
+from airlockd.staging.copy import Ident
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
 from airlockd.staging.mirrorstager import RefreshStats, dump
 from airlockd.staging.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
@@ -245,6 +247,8 @@ class MirrorKeeper:
                 raise Inconsistent("another process refreshed the mirror")
             if (mirror.root / "refreshing").exists() or not mirror.tree(st.generation).is_dir():
                 raise Inconsistent("the mirror on disk is incomplete")
+            if linked_moved(self.workspace, st.ids):
+                raise Inconsistent("a withheld file with other links changed (through a link outside)")
             changes = self._pending.get(key, Changes())
             stats = RefreshStats(generation=st.generation)
             if not changes:
@@ -284,6 +288,23 @@ class MirrorKeeper:
         if stager.identity_changed:
             return None
         return MirrorView(gen, mirror.tree(gen), st.result(), stats, live_tree=_live(st))
+
+
+def linked_moved(workspace: Path, ids: list[Ident]) -> bool:
+    """Whether a withheld file with other links is not as the last walk found it: a link outside
+    the workspace writes it with no event inside (the attack review rewrote a withheld `.env`
+    that way to hold an earlier version of another file, which the mirror's store still had).
+    One `stat` per such file; a name recorded masked cannot be looked up and is skipped."""
+    for ident in ids:
+        if ident.stamp is None or MASK in ident.path:
+            continue
+        try:
+            st = os.stat(workspace / ident.path, follow_symlinks=False)
+        except OSError:
+            return True
+        if (st.st_dev, st.st_ino) != ident.node or (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != ident.stamp:
+            return True
+    return False
 
 
 def _live(st: KeptState) -> dict[str, object]:

@@ -382,9 +382,11 @@ def _withheld_changed(st: KeptState, was: dict[str, tuple[str | None, Cached | N
         rule, cached = was.get(w.path, (None, None))
         if rule is None or rule != w.rule:
             return True
-        after = st.cache.get(w.path)
-        if cached is None or after is None or cached.key != after.key:
-            return True
+        after = st.cache.get(w.path)  # a verdict on content is cached; one on the path is not
+        if (cached is None) != (after is None) or (
+            cached is not None and after is not None and cached.key != after.key
+        ):
+            return True  # (a file withheld by its path that changed moves its identity: a walk)
     return False
 
 

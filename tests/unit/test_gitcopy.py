@@ -386,3 +386,32 @@ def test_earlier_versions_of_a_file_withheld_by_content_leave_the_store(tmp_path
         git(view.tree, "fsck", "--strict", "--no-progress")
     finally:
         keeper.close()
+
+
+def test_a_withheld_file_changed_through_a_link_outside_the_workspace(tmp_path: Path, policy: Policy) -> None:
+    """`.env` is a hard link to a file outside the workspace, rewritten there (no event inside)
+    to hold what a clean file held: the next refresh walks, the clean file's copy is withheld
+    and its bytes leave the mirror's store (found by the attack review)."""
+    ws = history_workspace(tmp_path, packed=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "envfile").write_text("TOKEN=first-value-of-the-env-file\n")
+    os.link(outside / "envfile", ws / ".env.local")
+    notes = "SERVICE_PASSWORD=" + "an-old-password-" + "77e1\n"
+    (ws / "notes.txt").write_text(notes)
+    keeper = MirrorKeeper(ws, tmp_path / "state")
+    if keeper.start() is not None:
+        pytest.skip(f"no inotify: {keeper.why}")
+    try:
+        view = keeper.refresh(policy, Level.INTERNAL)
+        assert (view.tree / "notes.txt").exists() and not (view.tree / ".env.local").exists()
+        (ws / "notes.txt").write_text("nothing to see\n")
+        keeper.refresh(policy, Level.INTERNAL)
+        (outside / "envfile").write_text(notes)  # through the link outside: no event in the workspace
+        view = keeper.refresh(policy, Level.INTERNAL)
+        objs = subprocess.run(
+            ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
+        ).stdout
+        assert b"an-old-password-" not in objs
+    finally:
+        keeper.close()

@@ -305,7 +305,13 @@ class Repo:
 
     # -- the whole tree -------------------------------------------------------------------------
 
-    def build(self, head: Head, state: RepoState | None = None, changed: Iterable[str] | None = None) -> RepoState:
+    def build(
+        self,
+        head: Head,
+        state: RepoState | None = None,
+        changed: Iterable[str] | None = None,
+        sink: BlobSink | None = None,
+    ) -> RepoState:
         """Write (or bring up to date) the repository of the tree at `root` for `head`. With a
         `state` this process wrote and `changed` (the paths that may differ since), only those
         are looked at; otherwise every node is `lstat`ed and a file whose node the index on disk
@@ -316,12 +322,14 @@ class Repo:
             self.store.adopt(state.have or set(), state.loose, state.packs, state.dead)
             self._update(state, changed)
         else:
+            if sink is not None:
+                self.store = sink.store
             self._skeleton()
-            state = self._scan(state)
+            state = self._scan(state, sink.blobs if sink is not None else {})
         return state
 
     def _skeleton(self) -> None:
-        new = not self.dotgit.is_dir()
+        new = not (self.dotgit / "refs").is_dir()
         for d in (self.dotgit, self.dotgit / "objects", self.dotgit / "refs", self.dotgit / "refs" / "heads"):
             try:
                 os.mkdir(d, 0o755)
@@ -334,7 +342,7 @@ class Repo:
             self._own(self.dotgit / "refs" / "tags")
         self._replace("config", CONFIG)
 
-    def _scan(self, known: RepoState | None) -> RepoState:
+    def _scan(self, known: RepoState | None, packed: dict[str, tuple[bytes, int]] | None = None) -> RepoState:
         """A state of every node under `root`, objects reused where the node is unchanged; the
         objects written go into one new pack."""
         prev: dict[str, tuple[bytes, tuple[int, int, int, int, int, int]]] = {}
@@ -350,6 +358,10 @@ class Repo:
             try:
                 for rel, de, fd in _walk_tree(root):
                     st = de.stat(follow_symlinks=False)
+                    got = packed.get(rel) if packed else None
+                    if got is not None and got[1] == st.st_size and stat.S_ISREG(st.st_mode):
+                        state.set_file(rel, IndexEntry(_key(st), got[0], pack_entry(_name(rel), st, got[0])))
+                        continue
                     self._file(state, rel, st, prev.get(rel), _reader(fd, de.name))
             finally:
                 os.close(root)
@@ -383,7 +395,7 @@ class Repo:
             if data is None:
                 return  # vanished or unreadable: not in the commit
             oid = self.store.put(b"blob", data)
-        state.set_file(rel, IndexEntry(key, oid, pack_entry(rel.encode("utf-8", "surrogateescape"), st, oid)))
+        state.set_file(rel, IndexEntry(key, oid, pack_entry(_name(rel), st, oid)))
 
     def _update(self, state: RepoState, changed: Iterable[str]) -> None:
         """Look again at `changed` paths (each a file, a directory, or gone) only."""
@@ -575,6 +587,10 @@ class Repo:
         return out
 
 
+def _name(rel: str) -> bytes:
+    return rel.encode("utf-8", "surrogateescape")
+
+
 def _reader(dir_fd: int, name: str) -> Callable[[], bytes | None]:
     return lambda: _content_at(dir_fd, name)
 
@@ -662,6 +678,35 @@ def build_copy(staging: Path, workspace: Path, owner: tuple[int, int] | None) ->
     return repo.manifest()
 
 
+class BlobSink:
+    """A cold build's blobs, packed as the mirror's walk stages each file (read whole: a big
+    file streamed in chunks is read again by the repository's scan), so the repository's build
+    need not read the tree a second time. What the walk later drops (a copy of a withheld file)
+    is unreferenced, marked dead and purged before the generation is used."""
+
+    def __init__(self, tree: Path, owner: tuple[int, int] | None) -> None:
+        dotgit = tree / DOTGIT
+        self.store = ObjectStore(dotgit, owner, None)
+        for d in (dotgit, dotgit / "objects"):
+            self.store._mkdir(d)
+        self.store.adopt(set(), set(), {}, set())
+        self.blobs: dict[str, tuple[bytes, int]] = {}  # path -> blob id, size
+
+    @classmethod
+    def cold(cls, tree: Path, workspace: Path, owner: tuple[int, int] | None) -> BlobSink | None:
+        """A sink for a generation built from nothing, when the workspace is a repository."""
+        if not ENABLED or (tree / DOTGIT).exists() or workspace_head(workspace) is None:
+            return None
+        tree.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return cls(tree, owner)
+
+    def add(self, rel: str, data: bytes) -> None:
+        self.blobs[rel] = (self.store.put(b"blob", data), len(data))
+
+    def abandon(self) -> None:
+        self.store.abandon()
+
+
 class MirrorRepos:
     """Each mirror's fresh repository, as this process last wrote it (keyed by the mirror root)."""
 
@@ -679,6 +724,7 @@ class MirrorRepos:
         *,
         changed: Iterable[str] | None = None,
         purge: bool = False,
+        sink: BlobSink | None = None,
     ) -> None:
         """Bring the repository in the mirror generation `tree` up to date with that tree.
 
@@ -698,6 +744,8 @@ class MirrorRepos:
         key = str(mirror_root)
         with self._lock:
             if head is None:
+                if sink is not None:
+                    sink.abandon()
                 self._states.pop(key, None)
                 if (tree / DOTGIT).is_dir() and not (tree / DOTGIT).is_symlink():
                     shutil.rmtree(tree / DOTGIT)
@@ -719,7 +767,10 @@ class MirrorRepos:
                     paths = _differs(state.manifest, base)
             if paths is None:
                 state = None
-            state = repo.build(head, state, paths)
+            elif sink is not None:
+                sink.abandon()  # a repository this process keeps: nothing to build from nothing
+                sink = None
+            state = repo.build(head, state, paths, sink)
             repo.commit(state, head)
             if purge or len(state.packs) > MAX_PACKS:
                 repo.purge(state, small_only=not purge)

@@ -17,9 +17,11 @@ manifest after each refresh. When the watcher cannot vouch (queue overflow, a wa
 workspace root moved), when another process refreshed the mirror (its `serial` moved), when the
 policy changed, and at least every `walk_every_s`, the keeper walks instead: the walk is the
 ground truth, the watcher only a way to skip it. What inotify cannot see (a write through a
-shared `mmap` with no later `write`/`close`; a hard link changed from outside the workspace)
-reaches the mirror at the next walk; it can only make the agent's copy older, never leak a
-withheld file, and the approval's conflict check compares against the live file either way.
+shared `mmap` with no later `write`/`close`; a staged file's hard link changed from outside the
+workspace) reaches the mirror at the next walk; it can only make the agent's copy older, and the
+approval's conflict check compares against the live file either way. A *withheld* file with
+other links is `stat`ed at every refresh (`linked_moved`): changed from outside, it makes the
+keeper walk, since what it holds now may sit in the mirror (a copy, an earlier version).
 
 Generations are as for the walk: a generation a live run has mounted is cloned before it changes.
 """

@@ -166,8 +166,17 @@ class Mirror:
             self.begin(gen)
             stamp = self.stamp()
             stager = MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
-            self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-            gitcopy.MIRRORS.refresh(self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True)
+            sink = gitcopy.BlobSink.cold(self.tree(gen), workspace, owner)
+            stager.blobs = sink.add if sink is not None else None
+            try:
+                self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
+            except BaseException:
+                if sink is not None:
+                    sink.abandon()
+                raise
+            gitcopy.MIRRORS.refresh(
+                self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, sink=sink
+            )
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
             changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,9 @@ class MirrorStager(StagingWalk):
         self.new: dict[str, Cached] = {}
         self.stats = RefreshStats()
         self.tmp = -1  # directory fd for temporary names, beside the generations (same filesystem)
+        # a cold build's: each file read whole and staged, handed on as it is (gitcopy.BlobSink
+        # packs it for the mirror's repository, which then need not read the tree again)
+        self.blobs: Callable[[str, bytes], None] | None = None
 
     # -- directories ----------------------------------------------------------------------------
 
@@ -206,6 +209,8 @@ class MirrorStager(StagingWalk):
                 h.update(data)
                 size = len(data)
                 self._write(out, data)
+                if self.blobs is not None:
+                    self.blobs(rel, data)
             else:
                 tail = b""
                 while chunk := os.read(fd, CHUNK):

@@ -415,3 +415,29 @@ def test_a_withheld_file_changed_through_a_link_outside_the_workspace(tmp_path: 
         assert b"an-old-password-" not in objs
     finally:
         keeper.close()
+
+
+def test_a_cold_build_packs_what_the_walk_read_and_keeps_out_what_it_dropped(
+    tmp_path: Path, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mirror's cold build packs each file as its walk stages it (the repository's scan
+    reads nothing again), and a file the walk then drops (a byte copy of `.env`, known only once
+    the walk is done) leaves no object behind."""
+    ws = history_workspace(tmp_path, packed=False)
+    env = "TOKEN=" + "the-value-of-dot-env-" + "3c9a\n"
+    (ws / ".env").write_text(env)
+    (ws / "aaa-copy.txt").write_text(env)  # staged first, dropped at the walk's end
+    reads: list[str] = []
+    real = gitcopy._content_at
+    monkeypatch.setattr(gitcopy, "_content_at", lambda fd, name: reads.append(name) or real(fd, name))
+    view = Mirror(tmp_path / "mirror").refresh(ws, policy, Level.INTERNAL)
+    assert reads == []
+    assert not (view.tree / "aaa-copy.txt").exists()
+    assert_fresh_repo(view.tree, {"src/app.py", "README.md"})
+    objs = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
+    ).stdout
+    assert b"the-value-of-dot-env-" not in objs
+    for p in (view.tree / ".git").rglob("*"):
+        if p.is_file():
+            assert b"the-value-of-dot-env-" not in p.read_bytes(), p

@@ -37,28 +37,47 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
 from airlockd.staging.fdtree import read_all, write_all
-from airlockd.staging.gitindex import SplitIndex, git_mode, index_file, pack_entry, read_index
-from airlockd.staging.gitobjects import ObjectStore, Pack, blob_id, object_id, stored_zlib
+from airlockd.staging.githead import DOTGIT, RULE, Head, git_data, is_git_dir, is_git_entry, workspace_head
+from airlockd.staging.gitindex import git_mode, index_file, pack_entry, read_index
+from airlockd.staging.gitobjects import ObjectStore, blob_id, object_id, stored_zlib
+from airlockd.staging.gitstate import (
+    IndexEntry,
+    RepoState,
+    files_under,
+    link_file,
+    node_key,
+    parent_of,
+    unlink_file,
+    walk_tree,
+)
 
-__all__ = ["MIRRORS", "Head", "blob_id", "build_copy", "object_id", "stored_zlib", "workspace_head"]
+__all__ = [
+    "DOTGIT",
+    "MIRRORS",
+    "RULE",
+    "Head",
+    "blob_id",
+    "build_copy",
+    "git_data",
+    "is_git_dir",
+    "is_git_entry",
+    "object_id",
+    "stored_zlib",
+    "workspace_head",
+]
 
 ENABLED = True  # the benchmark's switch: staging without the fresh repository, for its baseline
 
-DOTGIT = ".git"
-RULE = "git-history"
 IDENT = b"airlockd <airlockd@localhost> 946684800 +0000"  # 2000-01-01: a fixed, valid date
 MESSAGE = b"airlockd: the staged workspace (a fresh repository: no history)\n"
-DEFAULT_BRANCH = "main"
 CONFIG = (
     b"[core]\n"
     b"\trepositoryformatversion = 0\n"
@@ -72,221 +91,12 @@ CONFIG = (
     b"\tsharedIndexExpire = never\n"
 )
 MAX_PACKS = 16  # past this many packs (one per refresh that changed something), the small are joined
-_HEAD_READ = 4096
-_BRANCH = re.compile(r"(?!.*\.\.)(?!.*//)(?!.*@\{)(?![-./])(?!.*[./]$)(?!.*\.lock(?:/|$))[A-Za-z0-9._/+-]{1,200}")
-_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-def is_git_entry(name: str) -> bool:
-    """Whether a directory entry is a repository's `.git` (a directory, or a `gitdir:` file)."""
-    return name == DOTGIT
-
-
-def is_git_dir(parent_fd: int, name: str) -> bool:
-    """Whether directory `name` under `parent_fd` is a repository of git's own layout under
-    any other name (a bare clone `backup.git`, a `.jj/repo/store/git`, a moved `.git`): a `HEAD`
-    file beside `objects/` and `refs/` directories. Its history is as secret as `.git`'s."""
-    try:
-        head = os.stat(f"{name}/HEAD", dir_fd=parent_fd, follow_symlinks=False)
-        objects = os.stat(f"{name}/objects", dir_fd=parent_fd, follow_symlinks=False)
-        refs = os.stat(f"{name}/refs", dir_fd=parent_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISREG(head.st_mode) and stat.S_ISDIR(objects.st_mode) and stat.S_ISDIR(refs.st_mode)
-
-
-def git_data(head: bytes) -> str | None:
-    """What git history a file holds, by its first bytes: a bundle (`git bundle create`) or a
-    packfile; None for anything else."""
-    if head.startswith((b"# v2 git bundle\n", b"# v3 git bundle\n")):
-        return "bundle"
-    if head[:4] == b"PACK" and head[4:8] in (b"\0\0\0\x02", b"\0\0\0\x03"):
-        return "packfile"
-    return None
-
-
-# -- the workspace's HEAD -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Head:
-    """Where the workspace's HEAD is: a branch name, or detached (`branch` None)."""
-
-    branch: str | None
-
-
-def workspace_head(workspace: Path) -> Head | None:
-    """The workspace's HEAD, read from `.git/HEAD` (or the HEAD of the directory a `gitdir:` file
-    names); None when the workspace is no repository. A branch name git would not take, or a
-    HEAD that cannot be read, is `main`. Reads two small files; never follows `.git` if a link."""
-    dotgit = workspace / DOTGIT
-    try:
-        st = os.lstat(dotgit)
-    except OSError:
-        return None
-    if stat.S_ISDIR(st.st_mode):
-        gitdir = dotgit
-    elif stat.S_ISREG(st.st_mode):
-        text = _read_small(dotgit)
-        if text is None or not text.startswith("gitdir:"):
-            return None
-        gitdir = workspace / text[len("gitdir:") :].strip()
-    else:
-        return None
-    head = _read_small(gitdir / "HEAD")
-    if head is None:
-        return Head(DEFAULT_BRANCH)
-    head = head.strip()
-    if head.startswith("ref: refs/heads/"):
-        name = head[len("ref: refs/heads/") :].strip()
-        return Head(name if _BRANCH.fullmatch(name) else DEFAULT_BRANCH)
-    if _HEX.fullmatch(head):
-        return Head(None)
-    return Head(DEFAULT_BRANCH)
-
-
-def _read_small(path: Path) -> str | None:
-    try:
-        fd = os.open(path, _O_READ)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, _HEAD_READ).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 # -- one repository ---------------------------------------------------------------------------------
-
-
-@dataclass
-class IndexEntry:
-    """One file of the index: the node's `lstat` key, its object id and its index entry bytes."""
-
-    key: tuple[int, int, int, int, int, int]  # ino, mtime_ns, size, st_mode, uid, gid
-    oid: bytes
-    packed: bytes
-
-
-def _key(st: os.stat_result) -> tuple[int, int, int, int, int, int]:
-    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode, st.st_uid, st.st_gid)
-
-
-@dataclass
-class RepoState:
-    """What a process knows of one repository it wrote: every file's index entry, every tree's
-    id, how often each object is referenced, the store's contents, the split index, and the
-    identity of the index file it wrote last (which vouches for the rest)."""
-
-    files: dict[str, IndexEntry] = field(default_factory=dict)
-    trees: dict[str, bytes] = field(default_factory=dict)  # directory ("" the root) -> tree id
-    children: dict[str, set[str]] = field(default_factory=dict)  # directory -> names of entries
-    # directory -> its tree's entries, keyed in git's order (a directory's name ends in "/")
-    items: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
-    commit: bytes = b""
-    head: Head | None = None  # the HEAD written last
-    index_id: tuple[int, int, int] = (0, 0, 0)  # ino, size, mtime_ns of the index written
-    manifest: dict[str, Entry] = field(default_factory=dict)  # what the tree's files were, as given
-    refs: dict[bytes, int] = field(default_factory=dict)  # object -> references (files, trees, HEAD)
-    unreferenced: set[bytes] = field(default_factory=set)  # objects whose count fell to 0 since
-    index: SplitIndex = field(default_factory=SplitIndex)
-    have: set[bytes] | None = None  # the store's objects, loose ones, packs, dead objects
-    loose: set[bytes] = field(default_factory=set)
-    packs: dict[str, Pack] = field(default_factory=dict)
-    dead: set[bytes] = field(default_factory=set)
-    scanned: bool = False  # built by a scan of the whole tree: the store may hold anything else too
-
-    def ref(self, oid: bytes) -> None:
-        self.refs[oid] = self.refs.get(oid, 0) + 1
-
-    def unref(self, oid: bytes) -> None:
-        n = self.refs.get(oid, 0) - 1
-        if n > 0:
-            self.refs[oid] = n
-        else:
-            self.refs.pop(oid, None)
-            self.unreferenced.add(oid)
-
-    def set_file(self, rel: str, entry: IndexEntry) -> None:
-        self.ref(entry.oid)
-        self.files[rel] = entry
-        self.index.changed.add(rel)
-        parent, _, name = rel.rpartition("/")
-        raw = name.encode("utf-8", "surrogateescape")
-        mode = entry.key[3]
-        kind = b"120000 " if stat.S_ISLNK(mode) else (b"100755 " if mode & stat.S_IXUSR else b"100644 ")
-        self.items.setdefault(parent, {})[raw] = kind + raw + b"\0" + entry.oid
-
-    def pop_file(self, rel: str) -> IndexEntry:
-        old = self.files.pop(rel)
-        self.unref(old.oid)
-        self.index.changed.add(rel)
-        parent, _, name = rel.rpartition("/")
-        self._drop_item(parent, name.encode("utf-8", "surrogateescape"))
-        return old
-
-    def set_tree(self, d: str, oid: bytes | None) -> None:
-        """Directory `d`'s tree now `oid` (None: gone), its entry in its parent's items too."""
-        parent, _, name = d.rpartition("/")
-        raw = name.encode("utf-8", "surrogateescape")
-        if not d:  # the root: no parent to name it
-            if oid is not None:
-                self.trees[d] = oid
-            else:
-                self.trees.pop(d, None)
-        elif oid is None:
-            self.trees.pop(d, None)
-            self._drop_item(parent, raw + b"/")
-        else:
-            self.trees[d] = oid
-            self.items.setdefault(parent, {})[raw + b"/"] = b"40000 " + raw + b"\0" + oid
-
-    def _drop_item(self, parent: str, key: bytes) -> None:
-        items = self.items.get(parent)
-        if items is not None:
-            items.pop(key, None)
-            if not items:
-                del self.items[parent]
-
-
-def _parent(rel: str) -> str:
-    return rel.rpartition("/")[0]
-
-
-def _walk_tree(root: int, prefix: str = "") -> Iterator[tuple[str, os.DirEntry[str], int]]:
-    """(relative path, entry, its directory's fd) of every file and symlink under directory fd
-    `root`, `.git` skipped at every depth (a nested repository is only files here). The fd is
-    open while the entry is being handled."""
-    stack = [(os.dup(root), prefix)]
-    try:
-        while stack:
-            fd, rel = stack.pop()
-            try:
-                with os.scandir(fd) as it:
-                    entries = list(it)
-                for de in entries:
-                    if is_git_entry(de.name):
-                        continue
-                    sub = f"{rel}/{de.name}" if rel else de.name
-                    if de.is_dir(follow_symlinks=False):
-                        try:
-                            stack.append((os.open(de.name, _O_DIR, dir_fd=fd), sub))
-                        except OSError:
-                            continue
-                    elif de.is_file(follow_symlinks=False) or de.is_symlink():
-                        yield sub, de, fd
-            finally:
-                os.close(fd)
-    finally:
-        for fd, _ in stack:
-            os.close(fd)
 
 
 class Repo:
@@ -356,17 +166,17 @@ class Repo:
         try:
             root = os.open(self.root, _O_DIR)
             try:
-                for rel, de, fd in _walk_tree(root):
+                for rel, de, fd in walk_tree(root):
                     st = de.stat(follow_symlinks=False)
                     got = packed.get(rel) if packed else None
                     if got is not None and got[1] == st.st_size and stat.S_ISREG(st.st_mode):
-                        state.set_file(rel, IndexEntry(_key(st), got[0], pack_entry(_name(rel), st, got[0])))
+                        state.set_file(rel, IndexEntry(node_key(st), got[0], pack_entry(_name(rel), st, got[0])))
                         continue
                     self._file(state, rel, st, prev.get(rel), _reader(fd, de.name))
             finally:
                 os.close(root)
             for rel in state.files:
-                _link(state.children, rel)
+                link_file(state.children, rel)
             self._trees(state, set(state.children) | {""})
         except BaseException:
             self.store.abandon()
@@ -381,7 +191,7 @@ class Repo:
         prev: tuple[bytes, tuple[int, int, int, int, int, int]] | None,
         read: Callable[[], bytes | None],
     ) -> None:
-        key = _key(st)
+        key = node_key(st)
         oid = None
         if prev is not None:
             p_oid, p_key = prev
@@ -406,11 +216,11 @@ class Repo:
             for rel in sorted(set(changed), key=lambda p: p.count("/")):
                 if any(is_git_entry(part) for part in rel.split("/")):
                     continue
-                for gone in _under(state, rel):
+                for gone in files_under(state, rel):
                     old = state.pop_file(gone)
                     prev[gone] = (old.oid, old.key)
-                    _unlink(state.children, gone, dirty)
-                dirty.add(_parent(rel))
+                    unlink_file(state.children, gone, dirty)
+                dirty.add(parent_of(rel))
                 try:
                     st = os.stat(rel, dir_fd=root, follow_symlinks=False)
                 except (FileNotFoundError, NotADirectoryError):
@@ -421,15 +231,15 @@ class Repo:
                     except OSError:
                         continue
                     try:
-                        for path, de, fd in _walk_tree(sub, rel):
+                        for path, de, fd in walk_tree(sub, rel):
                             fst = de.stat(follow_symlinks=False)
                             self._file(state, path, fst, prev.get(path), _reader(fd, de.name))
-                            _link(state.children, path, dirty)
+                            link_file(state.children, path, dirty)
                     finally:
                         os.close(sub)
                 elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                     self._file(state, rel, st, prev.get(rel), _reader(root, rel))
-                    _link(state.children, rel, dirty)
+                    link_file(state.children, rel, dirty)
         finally:
             os.close(root)
         self._trees(state, dirty)
@@ -442,7 +252,7 @@ class Repo:
                 todo.add(d)
                 if not d:
                     break
-                d = _parent(d)
+                d = parent_of(d)
         for d in sorted(todo, key=lambda d: (d.count("/"), d), reverse=True):
             items = state.items.get(d)
             old = state.trees.get(d)
@@ -610,55 +420,6 @@ def _content_at(dir_fd: int, name: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def _under(state: RepoState, rel: str) -> list[str]:
-    """The files of `state` at `rel` or below it."""
-    if rel in state.files:
-        return [rel]
-    if rel not in state.children:
-        return []
-    out = []
-    todo = [rel]
-    while todo:
-        d = todo.pop()
-        for name in state.children.get(d, ()):
-            sub = f"{d}/{name}"
-            if sub in state.files:
-                out.append(sub)
-            else:
-                todo.append(sub)
-    return out
-
-
-def _link(children: dict[str, set[str]], rel: str, dirty: set[str] | None = None) -> None:
-    """Record `rel` (a file) and its ancestors in the directory index."""
-    while True:
-        parent, _, name = rel.rpartition("/")
-        sibs = children.setdefault(parent, set())
-        if dirty is not None:
-            dirty.add(parent)
-        if name in sibs:
-            return
-        sibs.add(name)
-        if not parent:
-            return
-        rel = parent
-
-
-def _unlink(children: dict[str, set[str]], rel: str, dirty: set[str]) -> None:
-    """Forget `rel` (a file) and every ancestor left empty."""
-    while True:
-        parent, _, name = rel.rpartition("/")
-        sibs = children.get(parent)
-        dirty.add(parent)
-        if sibs is None:
-            return
-        sibs.discard(name)
-        if sibs or not parent:
-            return
-        del children[parent]
-        rel = parent
 
 
 # -- the stagers' entry points ------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Which archive a file's first bytes say it is, and readers of the formats the standard library
-lacks (ar, cpio, a raw zlib stream), for `archives.ArchiveScanner`.
+"""Which archive a file's first bytes say it is, readers of the formats the standard library
+lacks (ar, cpio), and what of a zip its central directory does not account for (`zip_gaps`), for
+`archives.ArchiveScanner`.
 
 Recognised by their first bytes, never by extension: zip; tar (the `ustar` magic, or an old v7
 header by its checksum); ar (`.a`, `.deb`); cpio (newc, odc, binary in either byte order); gzip,
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import io
 import re
-import zlib
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Literal, Protocol
 
 EOCD = b"PK\x05\x06"
+LOCAL = b"PK\x03\x04"  # a zip's local file header
 EOCD_SPAN = 65_557  # the end-of-central-directory record and the longest comment
 STREAMED = ("tar", "ar", "cpio")  # read front to back: inside a compressed stream, one archive with it
 # Formats the standard library cannot open (no zstd or lz4 module before Python 3.14, and this
@@ -27,7 +29,7 @@ STREAMED = ("tar", "ar", "cpio")  # read front to back: inside a compressed stre
 UNSUPPORTED = ("zstd", "lz4", "7z", "rar")
 
 _READ = 1 << 20
-_ZREAD = 1 << 16  # compressed bytes fed to zlib at a time: the scanner's ratio is checked at this grain
+_DESCRIPTOR = b"PK\x07\x08"
 _BZ2_BLOCKS = (b"1AY&SY", b"\x17rE8P\x90")  # first block, or the end of an empty stream
 _AR = b"!<arch>\n"
 _CPIO_NEWC = (b"070701", b"070702")  # without and with a checksum
@@ -299,6 +301,80 @@ def cpio_members(src: Reader, spend: Callable[[int], None]) -> Iterator[Member]:
             raise CorruptArchive("cpio padding")
 
 
+# -- zip ---------------------------------------------------------------------------------------
+
+
+def zip_end(fh: IO[bytes], size: int) -> tuple[int, int] | None:
+    """Where the end record of the zip `fh` (`size` bytes) is, found as zipfile finds it (the last
+    22 bytes, else the last signature in the last 64 KiB), and where it ends with its comment."""
+    if size >= 22:
+        fh.seek(size - 22)
+        record = fh.read(22)
+        if record[:4] == EOCD and record[20:22] == b"\x00\x00":
+            return size - 22, size
+    start = max(0, size - (1 << 16) - 22)
+    fh.seek(start)
+    data = fh.read()
+    at = data.rfind(EOCD)
+    if at < 0 or len(data) - at < 22:
+        return None
+    comment = int.from_bytes(data[at + 20 : at + 22], "little")
+    return start + at, min(size, start + at + 22 + comment)
+
+
+def zip_gaps(fh: IO[bytes], infos: Iterable[zipfile.ZipInfo], start_dir: int, size: int) -> list[tuple[int, int]]:
+    """The spans (start, end) of the zip `fh` (`size` bytes) that its central directory does not
+    account for: before the first entry (a self-extractor's stub, a script's shebang line),
+    between entries, after the end record and its comment. Every entry's local header must be
+    where the directory says and name the same file (else CorruptArchive): an entry the
+    directory does not name, or names otherwise, would be extracted by a reader that walks the
+    local headers (`bsdtar`, Java's ZipInputStream) and never by zipfile."""
+    end = zip_end(fh, size)
+    if end is None:
+        raise CorruptArchive("no zip end record")
+    spans = [(start_dir, end[1])]  # the central directory, zip64 records, end record, comment
+    for info in infos:
+        at = info.header_offset
+        fh.seek(at)
+        head = fh.read(30)
+        if len(head) != 30 or head[:4] != LOCAL:
+            raise CorruptArchive("no zip local header where the directory says")
+        names, extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+        raw = fh.read(names)
+        utf8 = int.from_bytes(head[6:8], "little") & 0x800
+        if raw.decode("utf-8" if utf8 else "cp437", "replace") != info.orig_filename:
+            raise CorruptArchive("a zip local header names another file")
+        data_end = at + 30 + names + extra + info.compress_size
+        if info.flag_bits & 0x08:
+            data_end += _zip_descriptor(fh, data_end, info)
+        spans.append((at, data_end))
+    gaps, covered = [], 0
+    for start, stop in sorted(spans):
+        if start > covered:
+            gaps.append((covered, start))
+        covered = max(covered, stop)
+    if covered < size:
+        gaps.append((covered, size))
+    return gaps
+
+
+def _zip_descriptor(fh: IO[bytes], at: int, info: zipfile.ZipInfo) -> int:
+    """The length of the data descriptor at `at` that repeats `info`'s checksum and sizes (with
+    or without its signature, sizes of 4 or 8 bytes); 0 when there is none."""
+    fh.seek(at)
+    raw = fh.read(24)
+    crc = info.CRC.to_bytes(4, "little")
+    for width in (4, 8):
+        if max(info.compress_size, info.file_size) >> (8 * width):
+            continue
+        body = crc + info.compress_size.to_bytes(width, "little") + info.file_size.to_bytes(width, "little")
+        if raw.startswith(_DESCRIPTOR + body):
+            return 4 + len(body)
+        if raw.startswith(body):
+            return len(body)
+    return 0
+
+
 # -- readers -------------------------------------------------------------------------------------
 
 
@@ -339,29 +415,3 @@ def exact(src: Reader, n: int) -> bytes:
         parts.append(data)
         n -= len(data)
     return b"".join(parts)
-
-
-class ZlibStream(io.BufferedIOBase):
-    """A raw zlib stream, decompressed. One that fails to decompress ends where it fails and is
-    `broken` (not zlib after all); one cut short ends where its data does."""
-
-    def __init__(self, src: IO[bytes]) -> None:
-        self.src = src
-        self.inflate = zlib.decompressobj()
-        self.broken = False
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int | None = -1, /) -> bytes:
-        want = _READ if n is None or n < 0 else n
-        data = b""
-        while not data and want and not self.broken and not self.inflate.eof:
-            more = self.inflate.unconsumed_tail or self.src.read(_ZREAD)
-            if not more:
-                break
-            try:
-                data = self.inflate.decompress(more, want)
-            except zlib.error:
-                self.broken = True
-        return data

@@ -348,3 +348,30 @@ def test_a_member_written_in_utf16_is_scanned_as_text(tmp_path: Path, policy: Po
     res = stage_fn(ws, tmp_path / "out", policy)
     assert _rules(res) == {"scripts.zip": "archive:deploy.ps1:detector:aws-access-key"}
     assert _staged(tmp_path / "out", "clean.zip")
+
+
+def test_what_follows_an_archives_end_is_scanned_too(tmp_path: Path, policy: Policy, stage_fn: Stage) -> None:
+    """`cat clean.tar env.tar`, `cat clean.tar.gz env.tar.gz` (appending to a backup) and a gzip
+    whose header names `.env` (`gzip -c .env > env.bak`) are withheld; the same archives without
+    the second part, or a gzip naming a clean file, are staged (found by the attack review)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    clean = tar_bytes({"a.txt": b"hello\n"})
+    env = tar_bytes({".env": ENV.encode()})
+    (ws / "backup.tar").write_bytes(clean + env)
+    (ws / "backup.tar.gz").write_bytes(gzip.compress(clean) + gzip.compress(env))
+    named = io.BytesIO()
+    with gzip.GzipFile(filename=".env", mode="wb", fileobj=named) as gz:
+        gz.write(b"HOST=db.local\n")
+    (ws / "env.bak").write_bytes(named.getvalue())
+    fine = io.BytesIO()
+    with gzip.GzipFile(filename="notes.txt", mode="wb", fileobj=fine) as gz:
+        gz.write(b"HOST=db.local\n")
+    (ws / "notes.gz").write_bytes(fine.getvalue())
+    (ws / "clean.tar").write_bytes(clean)
+    (ws / "clean.tar.gz").write_bytes(gzip.compress(clean) + gzip.compress(clean))
+    rules = _rules(stage_fn(ws, tmp_path / "out", policy))
+    for rel in ("backup.tar", "backup.tar.gz", "env.bak"):
+        assert rules.get(rel, "").startswith("archive:.env:"), (rel, rules.get(rel))
+    for rel in ("notes.gz", "clean.tar", "clean.tar.gz"):
+        assert rel not in rules and _staged(tmp_path / "out", rel), rel

@@ -41,6 +41,18 @@ def assert_no_secret(copy: Path) -> None:
     assert objs and SECRET.encode() not in objs
 
 
+def assert_not_in_store(tree: Path, needle: bytes) -> None:
+    """No object of `tree`'s repository (as git reads them) and no file of its `.git` holds
+    `needle`."""
+    objs = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=tree, capture_output=True, check=True
+    ).stdout
+    assert needle not in objs
+    for p in (tree / ".git").rglob("*"):
+        if p.is_file():
+            assert needle not in p.read_bytes(), p
+
+
 def assert_fresh_repo(
     copy: Path, files: set[str], branch: str | None = "feature/x", earlier: frozenset[str] = frozenset()
 ) -> str:
@@ -345,13 +357,7 @@ def test_a_copy_of_a_withheld_file_leaves_the_mirrors_pack(tmp_path: Path, polic
         (ws / "sub" / ".env").write_text(value + "\n")
         view = keeper.refresh(policy, Level.INTERNAL)
         assert not (view.tree / "notes.txt").exists()
-        objs = subprocess.run(
-            ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
-        ).stdout
-        assert value.encode() not in objs
-        for p in (view.tree / ".git").rglob("*"):
-            if p.is_file():
-                assert value.encode() not in p.read_bytes(), p
+        assert_not_in_store(view.tree, value.encode())
     finally:
         keeper.close()
 
@@ -376,13 +382,7 @@ def test_earlier_versions_of_a_file_withheld_by_content_leave_the_store(tmp_path
         (ws / "config.py").write_text(f'DB_PASSWORD = "{password}"\nTOKEN = "{token}"\n')
         view = keeper.refresh(policy, Level.INTERNAL)
         assert not (view.tree / "config.py").exists()
-        objs = subprocess.run(
-            ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
-        ).stdout
-        assert password.encode() not in objs
-        for p in (view.tree / ".git").rglob("*"):
-            if p.is_file():
-                assert password.encode() not in p.read_bytes(), p
+        assert_not_in_store(view.tree, password.encode())
         git(view.tree, "fsck", "--strict", "--no-progress")
     finally:
         keeper.close()
@@ -409,10 +409,7 @@ def test_a_withheld_file_changed_through_a_link_outside_the_workspace(tmp_path: 
         keeper.refresh(policy, Level.INTERNAL)
         (outside / "envfile").write_text(notes)  # through the link outside: no event in the workspace
         view = keeper.refresh(policy, Level.INTERNAL)
-        objs = subprocess.run(
-            ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
-        ).stdout
-        assert b"an-old-password-" not in objs
+        assert_not_in_store(view.tree, b"an-old-password-")
     finally:
         keeper.close()
 
@@ -434,10 +431,4 @@ def test_a_cold_build_packs_what_the_walk_read_and_keeps_out_what_it_dropped(
     assert reads == []
     assert not (view.tree / "aaa-copy.txt").exists()
     assert_fresh_repo(view.tree, {"src/app.py", "README.md"})
-    objs = subprocess.run(
-        ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=view.tree, capture_output=True, check=True
-    ).stdout
-    assert b"the-value-of-dot-env-" not in objs
-    for p in (view.tree / ".git").rglob("*"):
-        if p.is_file():
-            assert b"the-value-of-dot-env-" not in p.read_bytes(), p
+    assert_not_in_store(view.tree, b"the-value-of-dot-env-")

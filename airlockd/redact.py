@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from airlockd.knownvalues import KnownScan, KnownValues, ValueForms, b64_stable, file_values
+from airlockd.filevalues import file_values
+from airlockd.knownvalues import KnownScan, KnownValues, ValueForms, b64_stable
 
 MASK = "[REDACTED]"
 

@@ -1,12 +1,15 @@
 """A withheld value is found, and masked, in the forms an agent that learnt it could pass it on in
 (airlockd/knownvalues.py): base64 at every alignment in both alphabets, hex, percent-encoded,
-split by whitespace or unseen characters, full-width, look-alike letters, another case; a near
-miss (another value's encoding, a word split across lines) is not. Folding is per character, so a
-stream folded in chunks is the whole folded; the values of a withheld file are its real values."""
+split by whitespace or unseen characters, full-width, look-alike letters, another case, reversed,
+rot13; beneath an encoding (airlockd/decodings.py): hex with its bytes held apart, UTF-16, JSON and
+HTML escapes, an encoding of an encoding; a near miss (another value's encoding, a word split
+across lines, a near value's forms, ordinary text) is not. Folding is per character, so a stream
+folded in chunks is the whole folded; the values of a withheld file are its real values."""
 
 from __future__ import annotations
 
 import base64
+import codecs
 import random
 import string
 import threading
@@ -17,11 +20,13 @@ from pathlib import Path
 
 import pytest
 from foldtables import lookalikes as computed_lookalikes
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from airlockd import foldtable
-from airlockd.knownvalues import LEAST_FOLDED, KnownValues, ValueForms, file_values, fold
+import airlockd
+from airlockd import foldtable, knownvalues
+from airlockd.filevalues import file_values
+from airlockd.knownvalues import LEAST_FOLDED, KnownValues, ValueForms, fold
 from airlockd.pipeline.classify import WITHHELD_VALUE
 from airlockd.redact import MASK, Redactor
 from airlockd.runs.content import scan_file
@@ -38,6 +43,55 @@ def _b64_inside(value: str, before: bytes) -> str:
 
 def _fullwidth(value: str) -> str:
     return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in value)
+
+
+def _b64(v: str) -> str:
+    return base64.b64encode(v.encode()).decode()
+
+
+def _utf16_b64(v: str) -> str:  # PowerShell's -EncodedCommand
+    return base64.b64encode(v.encode("utf-16-le")).decode()
+
+
+def _hex_apart(sep: str, each: str = "{:02x}") -> Callable[[str], str]:
+    return lambda v: sep.join(each.format(b) for b in v.encode())
+
+
+def _json(v: str) -> str:
+    return "".join(f"\\u{ord(c):04x}" for c in v)
+
+
+def _html(v: str) -> str:
+    return "".join(f"&#{ord(c)};" for c in v)
+
+
+# The forms beneath an encoding (airlockd/decodings.py), and the value reversed and in rot13.
+BENEATH: dict[str, Callable[[str], str]] = {
+    "base64 of UTF-16LE": _utf16_b64,
+    "base64 of UTF-16BE inside a stream": lambda v: base64.b64encode(
+        b"\xfe\xff" + v.encode("utf-16-be") + b"\0."
+    ).decode(),
+    "base64 of UTF-16LE wrapped and indented": lambda v: "\n    ".join(
+        _utf16_b64(v)[i : i + 16] for i in range(0, len(_utf16_b64(v)), 16)
+    ),
+    "hex of UTF-16LE": lambda v: v.encode("utf-16-le").hex(),
+    "hex of UTF-16BE": lambda v: v.encode("utf-16-be").hex().upper(),
+    "hex with colons": _hex_apart(":"),
+    "hex with dashes": _hex_apart("-", "{:02X}"),
+    "hex in a 0x list": _hex_apart(", ", "0x{:02x}"),
+    "hex in \\x escapes": _hex_apart("", "\\x{:02x}"),
+    "base64 of base64": lambda v: _b64(_b64(v)),
+    "base64 of base64 of base64": lambda v: _b64(_b64(_b64(v))),
+    "base64 of hex": lambda v: _b64(v.encode().hex()),
+    "hex of base64": lambda v: _b64(v).encode().hex(),
+    "base64 of a 0x list": lambda v: _b64(_hex_apart(",", "0x{:02x}")(v)),
+    "JSON \\u escapes": _json,
+    "JSON \\u escapes of some": lambda v: "".join(_json(c) if i % 3 else c for i, c in enumerate(v)),
+    "HTML decimal entities": _html,
+    "HTML hex entities": lambda v: "".join(f"&#x{ord(c):X};" for c in v),
+    "reversed": lambda v: v[::-1],
+    "rot13": lambda v: codecs.encode(v, "rot13"),
+}
 
 
 ENCODINGS: dict[str, Callable[[str], str]] = {
@@ -64,6 +118,7 @@ ENCODINGS: dict[str, Callable[[str], str]] = {
     "full-width": _fullwidth,
     "Cyrillic look-alikes": lambda v: v.translate(CYRILLIC),
     "upper case": str.upper,
+    **BENEATH,
 }
 
 
@@ -93,13 +148,59 @@ def test_another_values_encoding_is_no_hit(encode: Callable[[str], str]) -> None
         "pass\nword and user\nname, split across lines",  # ordinary words split
         base64.b64encode(b"Zq8-withheld-valve-xK31").decode(),  # the base64 of a near value
         "Zq8-with.held-value-xK31",  # held apart by a visible character
-        VALUE[::-1],  # reversed: not sought
+        "Zq8-withheld-valve-xK31"[::-1],  # a near value reversed
+        _b64(_b64(_b64(_b64(VALUE)))),  # 4 layers of encoding: past the depth decoded
+        "de:ad:be:ef:00:11 aa-bb-cc-dd-ee-ff 0x00, 0x01, 0xff \\x7f\\x45\\x4c\\x46",  # hex held apart
+        "123e4567-e89b-12d3-a456-426614174000, 00000000-0000-0000-0000-000000000000",  # UUIDs
+        '{"name": "caf\\u00e9", "note": "&#60;b&#62;bold&#x3C;/b&#x3e; &amp; more"}',  # escapes of other text
+        "the quick brown fox jumps over the lazy dog"[::-1],  # ordinary text reversed
+        codecs.encode("the quick brown fox jumps over the lazy dog", "rot13"),
     ],
 )
 def test_a_near_miss_is_no_hit(text: str) -> None:
     red = Redactor([VALUE])
     assert not red.known_in(text)
     assert red.text(text) == text
+
+
+NEAR = "Zq8-withheld-valve-xK31"  # one character off
+
+
+@pytest.mark.parametrize("encode", BENEATH.values(), ids=BENEATH.keys())
+def test_a_near_values_form_beneath_an_encoding_is_no_hit(encode: Callable[[str], str]) -> None:
+    red = Redactor([VALUE, OTHER])
+    text = f"the agent says: {encode(NEAR)} (end)"
+    assert not red.known_in(text)
+    assert red.text(text) == text
+
+
+def test_hex_held_apart_keeps_the_least_length() -> None:
+    """A value is sought in hex from its 6 bytes on, as before: 5 of its bytes held apart are not it."""
+    red = Redactor(["hunter"])
+    assert red.known_in("0x68, 0x75, 0x6e, 0x74, 0x65, 0x72") and red.known_in("68:75:6e:74:65:72")
+    assert not red.known_in("0x68, 0x75, 0x6e, 0x74, 0x65") and not red.known_in("75:6e:74:65:72:73")
+
+
+def test_ordinary_code_finds_no_turned_or_decoded_form() -> None:
+    """The sources of this package (identifiers, escapes, hex, base64 in tests' data) hold no form
+    of 30 random values: reversed and rot13 make no ordinary word, runs decoded make no value."""
+    rnd = random.Random(3)
+    alphabet = string.ascii_letters + string.digits + "-_"
+    values = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(12, 40))) for _ in range(30)]
+    red = Redactor([VALUE, *values])
+    for path in sorted(Path(airlockd.__file__).parent.rglob("*.py")):
+        text = path.read_text()
+        assert not red.known_in(text), path
+
+
+def test_decoding_past_its_budget_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text made to decode to ever more (more than 8 bytes for each of its own) is held to hold a value."""
+    red = Redactor([VALUE])
+    blob = base64.b64encode(bytes(range(256))).decode()
+    assert not red.known_in(blob)
+    monkeypatch.setattr(knownvalues._Budget, "__init__", lambda self, size: setattr(self, "left", 100))
+    assert red.known_in(blob) and red.text(blob) == MASK
+    assert not red.known_in("no run of base64 or hex in these words")
 
 
 def test_a_value_short_once_folded_is_sought_only_as_written() -> None:
@@ -167,6 +268,36 @@ def test_a_disguised_value_is_always_found_and_masked(data: st.DataObject, value
     red = Redactor([value])
     disguised = data.draw(_disguised(value))
     text = f"{before} {disguised} {after}"
+    assert red.known_in(text)
+    assert not red.known_in(red.text(text))
+
+
+# what one encoding of a value can be wrapped in again (JSON escapes of escapes are read once only);
+# of 12 characters or more, as a run of base64 is decoded from 16 characters on
+_INNER = ["base64 at offset 1", "hex", "hex with colons", "hex in a 0x list", "base64 of UTF-16LE", "JSON \\u escapes"]
+_INNER += ["HTML hex entities", "reversed", "rot13", "percent, every byte", "split across lines"]
+_OUTER = [
+    "base64 at offset 2",
+    "base64url",
+    "hex",
+    "HEX",
+    "hex with dashes",
+    "hex in \\x escapes",
+    "base64 of UTF-16LE",
+]
+
+
+_LONGER = st.text(alphabet=string.ascii_letters + string.digits + "-_.+/=:@!", min_size=12, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_LONGER, st.sampled_from(_INNER), st.sampled_from([*_OUTER, "JSON \\u escapes"]), st.text(max_size=20))
+@example("000000000000", "percent, every byte", "hex", "X1")  # `...30` then ` X1`: a `0x` across the edge
+@example("000000000000", "hex", "hex", "XA")
+def test_a_value_encoded_twice_is_always_found_and_masked(value: str, inner: str, outer: str, around: str) -> None:
+    assume(not (outer == "JSON \\u escapes" and inner in ("JSON \\u escapes", "HTML hex entities")))
+    red = Redactor([value])
+    text = f"{around} {ENCODINGS[outer](ENCODINGS[inner](value))} {around}"
     assert red.known_in(text)
     assert not red.known_in(red.text(text))
 
@@ -257,6 +388,8 @@ def test_a_base64_credential_is_registered_whole_and_decoded(text: str) -> None:
         ("user:Hw8-after-a-colon", "Hw8-after-a-colon"),
         ("ALLOWED=[not-json-Rb6", "[not-json-Rb6"),
         ("a-whole-line-token-Vx3", "a-whole-line-token-Vx3"),
+        ('PASS="Gk2"joined-by-a-shell', "Gk2joined-by-a-shell"),  # a shell joins the two
+        ('PASS="Gk2"joined-by-a-shell', '"Gk2"joined-by-a-shell'),  # and as written
     ],
 )
 def test_a_lines_value_is_the_real_one(line: str, value: str) -> None:
@@ -309,8 +442,32 @@ def test_values_added_while_others_mask_are_all_found() -> None:
         "а" * 1_000_000,  # one Cyrillic look-alike, over and over
         (VALUE[:10] + "\n" + VALUE[10:] + " ") * 30_000,  # a split value, 30,000 times
         " ".join(f"{b:02x}" for b in (VALUE * 12_000).encode())[: 1 << 20],  # hex of the value, repeated
+        base64.b64encode(random.Random(1).randbytes(3 << 18)).decode(),  # one run of base64: 4 readings
+        _b64(random.Random(2).randbytes(9 << 16).hex()),  # base64 of hex: decoded twice
+        ((_b64(_b64(VALUE)) + " ") * 24_000)[: 1 << 20],  # a value 2 layers deep, 24,000 times
+        ("QUJDREVGR0hJSktMTU5P " * 50_000)[: 1 << 20],  # 50,000 runs of base64
+        ("0x41, " * 175_000)[: 1 << 20],  # hex held apart, one run
+        (_hex_apart(", ", "0x{:02x}")(VALUE) + "\n") * 7_400,  # the value in 0x lists
+        ("&#97;" * 210_000)[: 1 << 20],  # escapes only
+        (_json(VALUE) + " ") * 7_500,  # the value in JSON escapes
+        "A" * (1 << 20),  # base64 of zeros: NULs, read as UTF-16
     ],
-    ids=["marks", "zero-width", "look-alikes", "split-values", "hex-values"],
+    ids=[
+        "marks",
+        "zero-width",
+        "look-alikes",
+        "split-values",
+        "hex-values",
+        "base64",
+        "base64-of-hex",
+        "nested-values",
+        "base64-runs",
+        "hex-apart",
+        "hex-apart-values",
+        "entities",
+        "escaped-values",
+        "zeros",
+    ],
 )
 def test_finding_and_masking_take_linear_time_on_a_hostile_megabyte(text: str) -> None:
     red = Redactor([VALUE, *(f"Mv{i:02d}-other-registered-value" for i in range(29))])

@@ -252,6 +252,40 @@ def test_a_value_encoded_or_split_is_denied_and_never_shown(tmp_path: Path) -> N
             assert not svc.redactor.known_in(text), path
 
 
+def _powershell_agent(ws: Path) -> bytes:
+    """Writes and says the withheld value as PowerShell takes a script to run: base64 of its
+    UTF-16LE bytes (`-EncodedCommand`), which no exact search or fold of the text finds."""
+    encoded = base64.b64encode(f"$p = '{WITHHELD}'; Connect-Db $p".encode("utf-16-le")).decode()
+    (ws / "src" / "run.ps1").write_text(f"powershell -NoProfile -EncodedCommand {encoded}\n")  # created
+    (ws / "src" / "ok.py").write_text("OK = True\n")
+    return f"run: powershell -EncodedCommand {encoded}\n".encode()
+
+
+def test_a_value_in_base64_of_utf16_is_denied_and_never_shown(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, PERMISSIVE)
+    svc = Service(ws, sandbox=FakeSandbox(_powershell_agent))
+    rec = _run(svc)
+    by_path = {f.path: f for f in rec.files}
+    ps1 = by_path["src/run.ps1"]
+    assert (ps1.decision, ps1.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert "a value of a withheld file" in ps1.reason
+    assert by_path["src/ok.py"].decision is Decision.AUTO
+    log = (svc.state.run_dir(rec.id) / "output.log").read_text()
+    assert log.startswith("run: powershell -EncodedCommand [REDACTED]")
+    shown = [
+        _cli(ws, argv, as_json)
+        for argv in (["show", rec.id], ["diff", rec.id], ["audit", "--run", rec.id])
+        for as_json in (False, True)
+    ]
+    for text in [*shown, log]:
+        assert not svc.redactor.known_in(text), text
+    for path in svc.state.root.rglob("*"):  # no form of it kept anywhere
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
+            assert not svc.redactor.known_in(text), path
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import binascii
 import json
 import re
 
-_QUOTED_KEY = re.compile(r"""(?:-\s*)?(?P<q>["'])(?:\\.|(?!(?P=q)).)*+(?P=q)\s*[:=]\s*(?P<value>.*)""")
+_QUOTED_KEY = re.compile(r"""(?:-\s*)?(?P<q>["'])(?P<key>(?:\\.|(?!(?P=q)).)*+)(?P=q)\s*[:=]\s*(?P<value>.*)""")
 _YAML_SEP = re.compile(r":(?:\s|$)")
 _KEY_BREAK = re.compile(r"[\s\"']")
 _BASE64_TEXT = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}")
@@ -28,18 +28,85 @@ def file_values(text: str) -> list[str]:
 
 
 def _line_values(line: str) -> list[str]:
+    return _keyed(line)[1]
+
+
+def _keyed(line: str) -> tuple[str | None, list[str]]:
+    """A line's key (None when it has none) and its values."""
     m = _QUOTED_KEY.match(line)  # JSON, or YAML with a quoted key: the key ends at its quote
     if m:
-        return _unquoted(m["value"])
+        return m["key"], _unquoted(m["value"])
     body = line.removeprefix("export ").lstrip()
     key, eq, rest = body.partition("=")
     if eq and key.strip() and not _KEY_BREAK.search(key.strip()):  # KEY=value, an .npmrc //host/:_auth=
-        return _unquoted(rest)
+        return key.strip(), _unquoted(rest)
     m = _YAML_SEP.search(body)  # key: value (the value may hold '=' and ':')
     if m:
-        return _unquoted(body[m.end() :])
+        return body[: m.start()], _unquoted(body[m.end() :])
     key, colon, rest = body.partition(":")
-    return _unquoted(rest) if colon else [line]
+    return (key, _unquoted(rest)) if colon else (None, [line])
+
+
+# What names a credential, in a key (the same words redact.py masks high-entropy assignments for).
+CREDENTIAL_KEY = re.compile(
+    r"(?i)secret|token|passw(?:or)?d|pwd|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth"
+)
+NAMED_LEAST = 8  # a credential's value shorter than this is not sought in file names
+RANDOM_LEAST = 16  # nor is a value of no credential shorter than this
+
+
+def looks_random(value: str) -> bool:
+    """Whether `value` reads as generated (a token, a key, a password made by a tool): at least
+    RANDOM_LEAST characters, letters and digits both, varied, and no blank or dot (a host name,
+    a version or a file name has dots: `db01.internal`, and may name a folder)."""
+    if len(value) < RANDOM_LEAST or any(c.isspace() or c == "." for c in value):
+        return False
+    if not any(c.isdigit() for c in value) or not any(c.isalpha() for c in value):
+        return False
+    return len(set(value)) * 2 >= min(len(value), 32)  # varied: no "aaaa1111aaaa"
+
+
+def name_values(text: str) -> list[str]:
+    """The values of a withheld file a file name must not carry: those of its credential keys
+    (`PASSWORD=`, `api_key:`, `"token":`, in JSON at any depth), at least NAMED_LEAST long, with
+    what they decode to; and a line with no key that looks generated (a file holding a token
+    alone; looks_random). Not the others: an `.env` says `APP_NAME=shop`, `BRANCH=feature-12-login`
+    and `DB_HOST=db01`, and the workspace has a `shop/` folder; withholding it would break the run
+    for no secret."""
+    out: list[str] = []
+    if text.lstrip()[:1] in ("{", "["):
+        out += _json_credentials(text)
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, values = _keyed(line)
+        if key is None:
+            out += [v for v in values if looks_random(v.strip())]
+        elif CREDENTIAL_KEY.search(key):
+            out += [p for v in values for p in (v, *_decoded(v)) if len(p.strip()) >= NAMED_LEAST]
+    return out
+
+
+def _json_credentials(text: str) -> list[str]:
+    """The strings of a JSON document under a credential key (a service account's `private_key`,
+    an OAuth client's `client_secret`)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    out: list[str] = []
+    todo: list[tuple[bool, object]] = [(False, doc)]
+    while todo:
+        keyed, item = todo.pop()
+        if isinstance(item, str):
+            if keyed and len(item.strip()) >= NAMED_LEAST:
+                out += [item, *_decoded(item)]
+        elif isinstance(item, dict):
+            todo += [(keyed or CREDENTIAL_KEY.search(str(k)) is not None, v) for k, v in item.items()]
+        elif isinstance(item, list):
+            todo += [(keyed, v) for v in item]
+    return out
 
 
 def _unquoted(rest: str) -> list[str]:

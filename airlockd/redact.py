@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from airlockd.filevalues import file_values
+from airlockd.filevalues import CREDENTIAL_KEY, NAMED_LEAST, file_values, name_values
 from airlockd.knownvalues import KnownScan, KnownValues, ValueForms, b64_stable
 
 MASK = "[REDACTED]"
@@ -118,7 +118,7 @@ def known_detectors() -> list[str]:
 _ASSIGNMENT = re.compile(
     r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]++)(?P<sep>\s*+[:=]\s*+[\"']?)(?P<value>[^\s\"'`,;]{12,})"
 )
-_KEYWORD = re.compile(r"(?i)secret|token|passw(?:or)?d|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth")
+_KEYWORD = CREDENTIAL_KEY
 
 
 def _assignments(text: str) -> Iterator[re.Match[str]]:
@@ -184,6 +184,8 @@ class Redactor:
         self._lock = threading.Lock()
         self._values: dict[str, ValueForms] = {}
         self._known = KnownValues()  # replaced whole under the lock, read without it
+        self._names: dict[str, ValueForms] = {}  # the values no staged file name may carry
+        self._in_names = KnownValues()
         self._extra: dict[ExtraDetector, ExtraDetector] = {}
         self.add(*values)
         _LIVE.add(self)  # so logs and error messages of this process mask what it knows
@@ -219,7 +221,9 @@ class Redactor:
         """A search for the registered values in a stream of bytes fed to it chunk by chunk."""
         return self._known.scan()
 
-    def add(self, *values: str) -> None:
+    def add(self, *values: str, in_names: bool = True) -> None:
+        """Mask `values` from here on. `in_names`: they are secrets by where they came from (a
+        key, a run token, a detector's find), so no staged file name may carry them either."""
         with self._lock:
             grown = False
             for v in values:
@@ -229,17 +233,50 @@ class Redactor:
                     grown = True
             if grown:
                 self._known = KnownValues(self._values.values())
+        if in_names:
+            self._add_names([v for v in values if len(v.strip()) >= NAMED_LEAST])
 
-    def values(self) -> list[str]:
-        """The registered exact values (to hand to a process this one starts, over a pipe)."""
+    def _add_names(self, values: Iterable[str]) -> None:
         with self._lock:
-            return sorted(self._values)
+            grown = False
+            for v in values:
+                v = v.strip()
+                if v not in self._names:
+                    self._names[v] = self._values.get(v) or ValueForms.of(v, self.MIN_VALUE)
+                    grown = True
+            if grown:
+                self._in_names = KnownValues(self._names.values())
+
+    def in_name(self, text: str) -> bool:
+        """Whether `text` (a path, or paths one per line) carries a value no file name may: a
+        credential's or one that looks generated (filevalues.name_values), in any form
+        knownvalues.py finds."""
+        return self._in_names.found_in(text)
+
+    @property
+    def names_known(self) -> int:
+        """How many values a file name may not carry (grows as staging learns them)."""
+        return len(self._names)
+
+    def export(self) -> dict[str, list[str]]:
+        """What this Redactor knows, for a process this one starts (over a pipe): `restore`."""
+        with self._lock:
+            return {"values": sorted(self._values), "in_names": sorted(self._names)}
+
+    def restore(self, known: dict[str, list[str]] | list[str]) -> None:
+        """Learn what `export` gave (a bare list: values, none known to be a credential)."""
+        if isinstance(known, list):
+            self.add(*map(str, known), in_names=False)
+            return
+        self.add(*map(str, known.get("values", [])), in_names=False)
+        self._add_names(map(str, known.get("in_names", [])))
 
     def add_file_values(self, text: str) -> None:
         """Register the values of a withheld file (`KEY=value`, `key: value`, `"key": "value"`
         lines, the strings of a JSON file, what a base64 value decodes to; a line with no key
         whole)."""
-        self.add(*file_values(text))
+        self.add(*file_values(text), in_names=False)
+        self._add_names(name_values(text))
 
     def text(self, s: str) -> str:
         if not s:

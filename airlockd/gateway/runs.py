@@ -59,7 +59,7 @@ def open_for_run(service: Any, rec: RunRecord, cfg: AgentConfig) -> tuple[dict[s
         on_usage=lambda n: _usage(rec.id, n),
         on_refused=lambda reason, data: service.gateway_refused(rec.id, reason, **data),
     )
-    service.redactor.add(token)
+    service.redactor.add(token, in_names=False)  # short-lived: no staged name predates it
     service.audit.append(
         "gateway.opened",
         run=rec.id,

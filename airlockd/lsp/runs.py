@@ -158,7 +158,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         )
     ls.run_processes[run_id] = proc
     assert proc.stdin is not None  # what this daemon has learned to mask, in memory only
-    proc.stdin.write(json.dumps(svc.redactor.values()).encode())
+    proc.stdin.write(json.dumps(svc.redactor.export()).encode())
     proc.stdin.close()
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     last: RunState | None = None  # the state the run process last announced

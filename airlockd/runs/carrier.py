@@ -38,12 +38,12 @@ def carry(
 ) -> RunRecord | None:
     """Carry (or, with `resume`, re-attach to) one run until it is proposed or ends; the final
     record, or None with `events` (then the events are the report). `values_on_stdin`: the
-    withheld values the starting daemon has learned, as a JSON list on stdin, stand in for a walk
+    withheld values the starting daemon has learned, as JSON on stdin (Redactor.export), stand in for a walk
     of the workspace."""
     if values_on_stdin:
-        values = json.loads(sys.stdin.read() or "[]")
+        known = json.loads(sys.stdin.read() or "[]")
         # started by a daemon, which recovered at its start and reconciles dead runs as it goes
-        svc = Service(workspace, actor="cli", known_values=[str(v) for v in values])
+        svc = Service(workspace, actor="cli", known_values=known if isinstance(known, dict | list) else [])
     else:
         svc = Service(workspace, actor="cli").recover()
     if not events:

@@ -76,7 +76,7 @@ class Service:
         *,
         sandbox: Sandbox | None = None,
         actor: str = "cli",
-        known_values: list[str] | None = None,
+        known_values: dict[str, list[str]] | list[str] | None = None,
     ) -> None:
         """`known_values`: the withheld values the daemon that starts this process has learned
         (handed over a pipe); they stand in for this process's own walk of the workspace."""
@@ -108,7 +108,7 @@ class Service:
         if known_values is None:
             self.learn_withheld(lowest)
         else:
-            self.redactor.add(*known_values)
+            self.redactor.restore(known_values)
             self._learned = (time.monotonic(), lowest)
         self.lifecycle = RunLifecycle(
             workspace=self.workspace,

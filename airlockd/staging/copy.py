@@ -38,6 +38,7 @@ REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
 MAX_LINK_HOPS = 40  # like the kernel's ELOOP limit
 _PROGRESS_EVERY = 512
 IN_NAME = "detector-in-name:"  # a content detector fired on the path itself
+VALUE_IN_NAME = IN_NAME + "withheld-value"  # the path carries a withheld file's credential
 HARDLINK = "hardlink-of-withheld"
 COPY = "copy-of-withheld"
 _O_COPY = (O_DST & ~os.O_WRONLY) | os.O_RDWR  # a streamed copy is read back (archives)
@@ -214,7 +215,7 @@ class StagingWalk:
         # Only labels above the clearance matter: a path is above it when any of them matches.
         self.above = policy.above(clearance)
         self.archives = ArchiveScanner(
-            self._judge_path,
+            self._judge_member,
             self.scanner,
             self._mask,
             max_bytes=policy.withhold.archive_scan_mb << 20,
@@ -231,14 +232,27 @@ class StagingWalk:
 
     def _path_rule(self, rel: str, is_dir: bool) -> str | None:
         """The rule that keeps a path of the tree out, or None (a verdict rests on the path and
-        the policy alone: a keeper keeps them across refreshes, under one policy digest)."""
+        the policy alone: a keeper keeps them across refreshes, under one policy digest; whether
+        it carries a withheld value is judged each time, on the values known then)."""
         rules = self.rules
         if rules is None:
-            return self._judge_path(rel, is_dir)
-        key = (rel, is_dir)
-        if key not in rules:
-            rules[key] = self._judge_path(rel, is_dir)
-        return rules[key]
+            rule = self._judge_path(rel, is_dir)
+        else:
+            key = (rel, is_dir)
+            if key not in rules:
+                rules[key] = self._judge_path(rel, is_dir)
+            rule = rules[key]
+        if rule is None and rel not in self._no_values and self._carries_value(rel):
+            return VALUE_IN_NAME
+        return rule
+
+    def _carries_value(self, rel: str) -> bool:
+        return self.redactor is not None and self.redactor.names_known > 0 and self.redactor.in_name(rel)
+
+    def _judge_member(self, rel: str, is_dir: bool) -> str | None:
+        """An archive member's path, judged as a tree's."""
+        rule = self._judge_path(rel, is_dir)
+        return VALUE_IN_NAME if rule is None and self._carries_value(rel) else rule
 
     def _judge_path(self, rel: str, is_dir: bool) -> str | None:
         probe = rel + "/" if is_dir else rel
@@ -254,6 +268,7 @@ class StagingWalk:
         return None
 
     _clean_names: frozenset[str] = frozenset()  # the current directory's paths, when none holds a secret
+    _no_values: frozenset[str] = frozenset()  # the same, when none carries a withheld value
 
     def _names_without_secrets(self, rels: list[str]) -> frozenset[str]:
         """`rels` (one directory's entries) when the detectors find nothing in them all, one per
@@ -276,7 +291,7 @@ class StagingWalk:
         is stored, audited and shown; a secret in a name must not be)."""
         if rule is not None and not rule.startswith(IN_NAME):
             return rel
-        if rule is None and self.scanner.first_hit(os.fsencode(rel)) is None:
+        if rule is None and self.scanner.first_hit(os.fsencode(rel)) is None and not self._carries_value(rel):
             return rel
         return self._mask(rel)
 
@@ -299,9 +314,12 @@ class StagingWalk:
         One thread on purpose: handing writes and hashes to a pool of 2-4 threads made the
         benchmark tree (tests/bench) 40-60% slower on 2 cores; the GIL hand-offs cost more than
         the system calls they overlap."""
+        known = self.redactor.names_known if self.redactor is not None else 0
         self._descend(src_root, dst_root, "")
         self._drop_escaping_links(dst_root)
         self.drop_identity_copies(dst_root, self.result.base, self.result.ids)
+        if self.redactor is not None and self.redactor.names_known > known:
+            self.drop_names_with_values(dst_root, list(self.result.base))
         if self.progress is not None:
             self.progress(self.result.files, self.result.bytes)
 
@@ -359,7 +377,9 @@ class StagingWalk:
             self._skip(prefix.rstrip("/"), os_rule(exc))
             return []
         subdirs: list[str] = []
-        self._clean_names = self._names_without_secrets([prefix + de.name for de in entries])
+        rels = [prefix + de.name for de in entries]
+        self._clean_names = self._names_without_secrets(rels)
+        self._no_values = frozenset(rels) if not rels or not self._carries_value("\n".join(rels)) else frozenset()
         for de in entries:
             rel = prefix + de.name
             if is_git_entry(de.name):  # history holds every secret ever committed; never read
@@ -610,6 +630,51 @@ class StagingWalk:
             rule = None if entry is None else _identity(entry, self.linked.get(rel), self.members.get(rel), shas, nodes)
             if rule is not None:
                 self.unstage(dst_root, rel, rule)
+
+    def drop_names_with_values(self, dst_root: int, staged: list[str]) -> None:
+        """Take out of the copy every path of `staged` that carries a withheld value learnt after
+        the walk judged it (a file whose content a detector withheld, read later in the walk):
+        the shallowest node whose path carries it, with all under it. One search of all the
+        paths when none does (the common case)."""
+        if not staged or not self._carries_value("\n".join(staged)):
+            return
+        base = self.result.base
+        tops: list[str] = []
+        for rel in sorted(staged, key=lambda r: (r.count("/"), r)):
+            if rel in base and not any(rel.startswith(t + "/") for t in tops) and self._carries_value(rel):
+                tops.append(rel)
+        for top in tops:
+            under = [r for r in base if r.startswith(top + "/")]
+            for rel in sorted(under, key=lambda r: r.count("/"), reverse=True):
+                self._unstage_quietly(dst_root, rel)
+            self._unstage_quietly(dst_root, top)
+            self.result.withheld.append(Withheld(self._mask(top), VALUE_IN_NAME))
+
+    def _unstage_quietly(self, dst_root: int, rel: str) -> None:
+        """unstage, recording nothing (the top of what goes is recorded once, masked)."""
+        mark = len(self.result.withheld)
+        if self.result.base[rel].kind is Kind.DIR:
+            parent_rel, _, name = rel.rpartition("/")
+            fd = open_dir(dst_root, parent_rel)
+            try:
+                have = os.fstat(fd)
+                os.fchmod(fd, 0o700)
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                finally:
+                    os.fchmod(fd, stat.S_IMODE(have.st_mode))
+                    os.utime(fd, ns=(have.st_atime_ns, have.st_mtime_ns))
+            finally:
+                os.close(fd)
+            del self.result.base[rel]
+            self.dirs.pop(rel, None)
+            return
+        self.unstage(dst_root, rel, VALUE_IN_NAME)
+        del self.result.withheld[mark:]
+        self.forget(rel)
+
+    def forget(self, rel: str) -> None:
+        """Keep no record of `rel` (its path carries a secret): a mirror drops its cache line."""
 
     def unstage(self, dst_root: int, rel: str, rule: str) -> None:
         """Remove a staged node from the copy and the manifest and record it withheld by `rule`;

@@ -242,7 +242,8 @@ class MirrorKeeper:
         is_live: Callable[[str], bool],
     ) -> MirrorView | None:
         """The mirror refreshed by re-listing what changed; None when a file withheld by path
-        changed (the refresh is complete, but only a walk finds every copy of it)."""
+        changed, or one withheld taught the redactor a credential (the refresh is complete, but
+        only a walk finds every copy of it, and every name that carries it)."""
         key = clearance.value
         with mirror.locked():
             if mirror.current() != st.generation or mirror.serial() != st.serial:
@@ -266,7 +267,10 @@ class MirrorKeeper:
                 if len(st.rules) > 2 * len(st.base) + 10_000:  # paths come and go: forget the gone
                     st.rules.clear()
                 stager.rules = st.rules
+                known = redactor.names_known if redactor is not None else 0
                 line = apply(self.workspace, st, changes, stager, mirror.tree(gen), stamp, stats)
+                if redactor is not None and redactor.names_known > known:
+                    stager.identity_changed = True  # a credential learnt now: only a walk sees every name
                 gitcopy.MIRRORS.refresh(
                     mirror.root,
                     mirror.tree(gen),

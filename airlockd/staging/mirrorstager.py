@@ -268,6 +268,9 @@ class MirrorStager(StagingWalk):
         if old is not None:
             self.new[rel] = Cached(old.key, None, rule)
 
+    def forget(self, rel: str) -> None:
+        self.new.pop(rel, None)
+
     def _replace(self, dst: int, name: str) -> None:
         """Move the temporary node over `name` in `dst`: a new inode, never an in-place write."""
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import json
 import random
 import string
 import threading
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 import airlockd
 from airlockd import foldtable, knownvalues
-from airlockd.filevalues import file_values
+from airlockd.filevalues import file_values, name_values
 from airlockd.knownvalues import LEAST_FOLDED, KnownValues, ValueForms, fold
 from airlockd.pipeline.classify import WITHHELD_VALUE
 from airlockd.redact import MASK, Redactor
@@ -476,3 +477,24 @@ def test_finding_and_masking_take_linear_time_on_a_hostile_megabyte(text: str) -
     shown = red.text(text)
     assert time.process_time() - t0 < 5  # a bound, not a benchmark
     assert not red.known_in(shown)
+
+
+def test_only_credentials_and_generated_values_are_sought_in_file_names() -> None:
+    text = (
+        "APP_NAME=shop\nDB_HOST=db01.internal\nBRANCH=feature-1234-login-page\nDB_PASSWORD=hunter2hunter\n"
+        "export PLAIN=a plain sentence here\nclient_secret: short\nauth: dXNlcjpQdzlxUmV4N2Jhc2U=\n"
+        "sk9f8Q2mZx7Lp4VtR3\n"  # a line that is a token alone
+    )
+    names = name_values(text)
+    assert {"hunter2hunter", "dXNlcjpQdzlxUmV4N2Jhc2U=", "Pw9qRex7base", "sk9f8Q2mZx7Lp4VtR3"} <= set(names)
+    assert not {"shop", "db01.internal", "feature-1234-login-page", "a plain sentence here", "short"} & set(names)
+    account = json.dumps({"type": "service_account", "project_id": "shop-prod-2024", "private_key_id": "k" * 40})
+    assert name_values(account) == ["k" * 40]
+    red = Redactor()
+    red.add_file_values(text)
+    assert red.in_name("src/shop/db01.internal/feature-1234-login-page.md") is False
+    assert red.in_name("cache/hunter2hunter.json") and red.in_name("x/SK9F8Q2MZX7LP4VTR3")
+    again = Redactor()
+    again.restore(json.loads(json.dumps(red.export())))  # as a daemon hands it to a run process
+    assert again.in_name("cache/hunter2hunter.json") and not again.in_name("shop/")
+    assert again.known_in("connecting to db01.internal") and again.names_known == red.names_known

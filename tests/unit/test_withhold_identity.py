@@ -169,6 +169,85 @@ def test_a_secret_in_a_name_keeps_the_file_out_and_the_name_out_of_every_record(
     assert AWS not in stored and GHP not in stored
 
 
+CRED = "Qm7vR2xK9pL4wZ8t"  # a generated-looking password, no detector's format
+
+
+def _staged(tmp_path: Path, stage_fn: Stage, ws: Path, policy: Policy) -> tuple[set[str], dict[str, str], str]:
+    red = Redactor()
+    learn(ws, policy, Level.INTERNAL, red)  # what every run's redactor knows before staging
+    out = tmp_path / "out"
+    if stage_fn is _mirror:
+        view = Mirror(tmp_path / "mirror").refresh(ws, policy, Level.INTERNAL, redactor=red)
+        out.symlink_to(view.tree)
+        res = view.result
+    else:
+        res = stage(ws, out, policy, Level.INTERNAL, redactor=red)
+    stored = repr(res) + "".join(
+        p.read_text(errors="replace") for p in (tmp_path / "mirror").glob("cache.*") if p.is_file()
+    )
+    return present(out), rules(res), stored
+
+
+def test_a_name_carrying_a_withheld_credential_keeps_it_out_but_not_a_plain_setting(
+    tmp_path: Path, policy: Policy, stage_fn: Stage
+) -> None:
+    """A file or folder whose name holds a withheld file's credential (in no detector's format) is
+    withheld, its path masked in every record; a name holding a setting that is no credential
+    (`APP_NAME=shop`, and the app lives in `shop/`) is staged."""
+    ws = tmp_path / "ws"
+    write(ws, ".env", f"APP_NAME=shop\nDB_PASSWORD={CRED}\n")
+    write(ws, f"cache/login-{CRED}.json", "{}\n")
+    write(ws, f"dumps/{CRED.lower()}/data.sql", "select 1;\n")  # another case, and a folder
+    write(ws, "shop/app.py", "print('shop')\n")
+    have, why, stored = _staged(tmp_path, stage_fn, ws, policy)
+    assert "shop/app.py" in have and "cache" in have and "dumps" in have
+    assert not any(CRED.lower() in p.lower() for p in have)
+    assert why == {
+        ".env": "withhold:.env",
+        "cache/login-[REDACTED].json": "detector-in-name:withheld-value",
+        "dumps/[REDACTED]": "detector-in-name:withheld-value",
+    }
+    assert CRED.lower() not in stored.lower()
+
+
+def test_a_credential_learnt_late_in_the_walk_takes_out_a_name_staged_before(
+    tmp_path: Path, policy: Policy, stage_fn: Stage
+) -> None:
+    """The walk meets `aaa/` before `zzz/settings.py`, a file withheld for its content (an AWS
+    key), whose secret key is in `aaa/`'s name: the name goes once the value is known."""
+    ws = tmp_path / "ws"
+    secret = "wJalrXUtnFEMI" + "K7MDENGbPxRfiCY" + "EXAMPLEKEY"
+    write(ws, f"aaa/{secret}/notes.md", "notes\n")
+    write(ws, "aaa/keep.md", "kept\n")
+    write(ws, "zzz/settings.py", f'AWS_ACCESS_KEY_ID = "{AWS}"\nAWS_SECRET_ACCESS_KEY = "{secret}"\n')
+    have, why, stored = _staged(tmp_path, stage_fn, ws, policy)
+    assert have == {"aaa", "aaa/keep.md", "zzz"}
+    assert why["aaa/[REDACTED]"] == "detector-in-name:withheld-value"
+    assert secret not in stored
+
+
+def test_the_keeper_takes_out_a_name_once_a_credential_it_carries_is_learnt(
+    keeper: tuple[Path, MirrorKeeper], policy: Policy, tmp_path: Path
+) -> None:
+    ws, k = keeper
+    write(ws, f"build/out-{CRED}.log", "log\n")
+    red = Redactor()
+    view = k.refresh(policy, Level.INTERNAL, redactor=red)
+    assert (view.tree / f"build/out-{CRED}.log").exists()  # no credential of that value yet
+    write(ws, "config/app.yaml", f"api_key: {AWS}\nclient_secret: {CRED}\n")  # withheld for its content
+    view = k.refresh(policy, Level.INTERNAL, redactor=red)
+    assert not (view.tree / f"build/out-{CRED}.log").exists()
+    assert rules(view.result)["build/out-[REDACTED].log"] == "detector-in-name:withheld-value"
+    view = k.refresh(policy, Level.INTERNAL, redactor=red)  # and it stays out, refreshed incrementally
+    assert not (view.tree / f"build/out-{CRED}.log").exists()
+    write(ws, f"build/again-{CRED}.log", "log\n")  # a new name carrying it, on a known value
+    view = k.refresh(policy, Level.INTERNAL, redactor=red)
+    assert not (view.tree / f"build/again-{CRED}.log").exists()
+    assert rules(view.result)["build/again-[REDACTED].log"] == "detector-in-name:withheld-value"
+    cache = [p for p in (tmp_path / "state").rglob("cache*") if p.is_file()]
+    assert cache and not any(CRED.encode() in p.read_bytes() for p in cache)
+
+
 # -- identity: hard links and copies ------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
 from airlockd.staging.gitcopy import git_data, is_git_dir, is_git_entry
-from airlockd.staging.secretscan import SecretScanner, utf16_texts
+from airlockd.staging.secretscan import SecretScanner, wide_texts
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
@@ -156,13 +156,20 @@ def is_text(data: bytes) -> bool:
 
 
 def values_text(data: bytes) -> str | None:
-    """What a withheld file says, for the redactor to learn its values: UTF-8 text, or UTF-16
-    text (a PowerShell script, a .reg export: read in the byte order that gives the most ASCII
-    characters; the wrong one reads as CJK); None for anything else."""
+    """What a withheld file says, for the redactor to learn its values: UTF-8 text, or UTF-16 or
+    UTF-32 text (a PowerShell script, a .reg export: read in the byte order and alignment that
+    gives the most ASCII characters; the wrong ones read as CJK or garbage); None otherwise."""
     if is_text(data):
         return data.decode("utf-8", "replace")
-    texts = utf16_texts(data)
-    return max(texts, key=lambda t: len(t.encode("ascii", "ignore"))) if texts else None
+    texts = wide_texts(data)
+    return max(texts, key=_ascii_score) if texts else None
+
+
+def _ascii_score(text: str) -> int:
+    """ASCII characters other than NUL, less the NULs (UTF-32 read as UTF-16 has a NUL each)."""
+    ascii_ = text.encode("ascii", "ignore")
+    nuls = ascii_.count(0)
+    return len(ascii_) - 2 * nuls
 
 
 def link_escapes(link: str, target: str, tree: Manifest) -> bool:

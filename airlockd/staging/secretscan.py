@@ -2,8 +2,8 @@
 byte pre-search so a clean file costs a few passes, never a regex per detector.
 
 Text detectors are redact.DETECTORS (also the Redactor's patterns), run on the buffer decoded as
-UTF-8 and, when the buffer is UTF-16 text (`utf16_texts`: a PowerShell script, a .reg export),
-on it decoded as UTF-16 too. Detectors of bytes live here (redact.BYTE_DETECTORS names them):
+UTF-8 and, when the buffer is UTF-16 or UTF-32 text (`wide_texts`: a PowerShell script, a .reg
+export), on it decoded as such too. Detectors of bytes live here (redact.BYTE_DETECTORS names them):
 private keys in DER and PEM private keys written in UTF-16. A workspace's own detectors
 (`[[withhold.custom]]`) run as text detectors, anchored on their regex's literal prefix or on
 their keywords.
@@ -108,6 +108,48 @@ def utf16_texts(data: bytes) -> list[str]:
     return [data[at:].decode(codec, "replace") for codec in ("utf-16-le", "utf-16-be") for at in (0, 1)]
 
 
+_UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
+
+
+def wide_texts(data: bytes) -> list[str]:
+    """What `data` reads as if it is UTF-16 or UTF-32 text (utf16_texts, utf32_texts)."""
+    return utf16_texts(data) + utf32_texts(data)
+
+
+def utf32_texts(data: bytes) -> list[str]:
+    """What `data` reads as if it is UTF-32 text, or [] when it is not (a byte-order mark, or
+    ASCII characters with their three NULs, judged as utf16_texts judges UTF-16: rare, but an
+    encoder writes it and a detector reading UTF-8 or UTF-16 sees nothing of it). Read in both
+    byte orders from each of its first four bytes (a streamed window may start anywhere)."""
+    if b"\x00\x00\x00" not in data or (data[:4] not in _UTF32_BOMS and not _looks_utf32(data)):
+        return []
+    return [
+        data[at : at + (len(data) - at) // 4 * 4].decode(codec, "replace")
+        for codec in ("utf-32-le", "utf-32-be")
+        for at in range(4)
+    ]
+
+
+def _looks_utf32(data: bytes) -> bool:
+    """As _looks_utf16, for ASCII characters of four bytes (`a\\0\\0\\0`; big-endian from the
+    fourth byte)."""
+    if len(data) <= 8 * _SAMPLE:
+        return _utf32_window(data)
+    step = len(data) // 8
+    for lo in range(0, 8 * step, step):
+        at = data.find(b"\x00\x00\x00", lo, lo + step)
+        if at >= 0 and _utf32_window(data[max(0, at - _SAMPLE // 2) : at + _SAMPLE // 2]):
+            return True
+    return False
+
+
+def _utf32_window(window: bytes) -> bool:
+    classes = window.translate(_CLASSES)
+    chars = classes.count(b"a\x00\x00\x00")
+    runs = classes.count(b"a\x00\x00\x00a\x00\x00\x00")
+    return runs >= 4 and 6 * chars >= window.count(b"\x00") and 50 * chars >= len(window)
+
+
 def _looks_utf16(data: bytes) -> bool:
     """Whether `data` holds UTF-16 text with ASCII in it, judged on windows: the whole of a small
     buffer, else the bytes around the first NUL of each eighth. A window is UTF-16 text when at
@@ -183,7 +225,7 @@ class SecretScanner:
     side, widened to whole lines; overlapping spans merged, so never more than the whole buffer).
     Every built-in match is shorter than MARGIN from its anchor or ends within its line, so a span
     finds what the detector finds on the whole buffer. A buffer that is UTF-16 text
-    (`utf16_texts`) is searched again the same way, as that text in UTF-8, by the text detectors."""
+    or UTF-32 (`wide_texts`) is searched again the same way, as that text in UTF-8, by the text detectors."""
 
     MARGIN = 1024
     overlap = 65536  # bytes carried between chunks of a streamed file: a secret up to this long is
@@ -232,7 +274,7 @@ class SecretScanner:
     def first_hit(self, data: bytes) -> str | None:
         hit = self._hit(data, None)
         if hit is None and self._texts:
-            for text in utf16_texts(data):  # [] unless `data` holds a NUL: only then does this cost
+            for text in wide_texts(data):  # [] unless `data` holds a NUL: only then does this cost
                 hit = self._hit(text.encode(), text)  # the same anchors, on the text as UTF-8
                 if hit is not None:
                     break

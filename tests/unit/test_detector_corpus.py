@@ -30,7 +30,14 @@ from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, Redactor, known_detectors
 from airlockd.staging import copy as staging
 from airlockd.staging.copy import stage
-from airlockd.staging.secretscan import SecretScanner, _der_private_key, _utf16_private_key, utf16_texts
+from airlockd.staging.secretscan import (
+    SecretScanner,
+    _der_private_key,
+    _utf16_private_key,
+    utf16_texts,
+    utf32_texts,
+    wide_texts,
+)
 
 Enc = serialization.Encoding
 Fmt = serialization.PrivateFormat
@@ -356,6 +363,11 @@ _UTF16 = {
     "utf-16-be": lambda t: t.encode("utf-16-be"),
     "utf-16-be with bom, from an odd byte": lambda t: b"\n" + b"\xfe\xff" + t.encode("utf-16-be"),
     "utf-16-le among other scripts": lambda t: f"Пароль 密码 {t} ключ 키\n".encode("utf-16-le"),
+    # UTF-32: rarer, but an encoder writes it as readily
+    "utf-32 with bom": lambda t: t.encode("utf-32"),
+    "utf-32-le": lambda t: t.encode("utf-32-le"),
+    "utf-32-be, from an odd byte": lambda t: b"\n" + t.encode("utf-32-be"),
+    "utf-32-le among other scripts": lambda t: f"Пароль 密码 {t} ключ 키\n".encode("utf-32-le"),
 }
 _TEXT_POSITIVES = [s for s in POSITIVES if s.detector in DETECTORS]
 
@@ -386,8 +398,10 @@ def test_binaries_with_nul_bytes_are_not_read_as_utf16() -> None:
     elf = b"\x7fELF\x02\x01\x01" + bytes(9) + b"".join(rnd.randbytes(12) + bytes(4) for _ in range(20_000))
     ints = b"".join(n.to_bytes(4, "little") for n in range(0, 4_000_000, 97))
     for data in (noise, elf, ints, b"plain text, no NUL at all\n" * 100):
-        assert utf16_texts(data) == []
+        assert utf16_texts(data) == [] and utf32_texts(data) == []
     assert len(utf16_texts("a script\r\n".encode("utf-16-le"))) == 4
+    assert utf32_texts("a script\r\n".encode("utf-16-le")) == []
+    assert len(utf32_texts("a script\r\n".encode("utf-32-be"))) == 8
 
 
 # -- linear time ---------------------------------------------------------------------------------
@@ -458,7 +472,7 @@ def _full_verdict(name: str, data: bytes) -> bool:
         return _der_private_key(data)
     if name == "private-key-utf16":
         return _utf16_private_key(data)
-    texts = [data.decode("utf-8", "replace"), *utf16_texts(data)]
+    texts = [data.decode("utf-8", "replace"), *wide_texts(data)]
     return any(DETECTORS[name].search(text) is not None for text in texts)
 
 

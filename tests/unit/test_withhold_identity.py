@@ -510,7 +510,7 @@ def test_a_repository_bundle_or_pack_under_another_name_is_withheld(
 # -- values of withheld files in UTF-16 --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
 def test_values_of_a_withheld_utf16_file_are_learnt(tmp_path: Path, policy: Policy, codec: str) -> None:
     """A `.env` written in UTF-16 (an editor on Windows, a PowerShell export): its value is
     masked afterwards, by every stager's redactor and by the daemon's walk (`learn`)."""

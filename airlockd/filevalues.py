@@ -47,32 +47,47 @@ def _keyed(line: str) -> tuple[str | None, list[str]]:
     return (key, _unquoted(rest)) if colon else (None, [line])
 
 
-# What names a credential, in a key (the same words redact.py masks high-entropy assignments for).
+# What names a credential, in a key (redact.py masks a high-entropy value assigned to one).
 CREDENTIAL_KEY = re.compile(
     r"(?i)secret|token|passw(?:or)?d|pwd|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth"
 )
+# The keys whose values a file name must not carry: wider (the cost of a false hit is a withheld
+# file, not a masked line): any key, pass, passphrase, pw, pin, salt, dsn, cookie, session...
+NAME_KEY = re.compile(
+    r"(?i)secret|token|pass|pwd|(?:^|[^a-z])pw(?:[^a-z]|$)|key|salt|(?:^|[^a-z])pin(?:[^a-z]|$)|dsn|auth"
+    r"|credential|cookie|session|signature|bearer|cert|hmac|jwt|otp|seed|mnemonic"
+)
 NAMED_LEAST = 8  # a credential's value shorter than this is not sought in file names
-RANDOM_LEAST = 16  # nor is a value of no credential shorter than this
+RANDOM_LEAST = 16  # nor is a generated-looking value of another key shorter than this
+# A path, not a secret: where a key or a certificate is (`SSL_CERT_FILE=/etc/ssl/cert.pem`,
+# `KEY_PATH=./keys/dev.key`, `session_dir: ~/tmp`); the file it names is judged for itself.
+_PATH_LIKE = re.compile(r"^(?:\.{0,2}/|~/)|^[\w.-]+(?:/[\w.-]+)*\.[A-Za-z]{1,5}$")
+_SEGMENTS = re.compile(r"[^-_/+=:,;@~]+")
 
 
 def looks_random(value: str) -> bool:
     """Whether `value` reads as generated (a token, a key, a password made by a tool): at least
-    RANDOM_LEAST characters, letters and digits both, varied, and no blank or dot (a host name,
-    a version or a file name has dots: `db01.internal`, and may name a folder)."""
+    RANDOM_LEAST characters, no blank or dot (a host name, a version or a file name has dots:
+    `db01.internal`, and may name a folder), and a stretch of 12 or more between separators that
+    mixes letters and digits, varied (`Xk29fQ8vLmP3zR7wT1b`, a hex digest, a UUID's last part; not
+    `feature-1234-login-page` or `2024a-build-0001-linux`, made of words and numbers)."""
     if len(value) < RANDOM_LEAST or any(c.isspace() or c == "." for c in value):
         return False
-    if not any(c.isdigit() for c in value) or not any(c.isalpha() for c in value):
-        return False
-    return len(set(value)) * 2 >= min(len(value), 32)  # varied: no "aaaa1111aaaa"
+    for seg in _SEGMENTS.findall(value):
+        if len(seg) < 12 or not any(c.isdigit() for c in seg) or not any(c.isalpha() for c in seg):
+            continue
+        if len(set(seg)) * 2 >= min(len(seg), 32):  # varied: no "aaaa1111aaaa"
+            return True
+    return False
 
 
 def name_values(text: str) -> list[str]:
     """The values of a withheld file a file name must not carry: those of its credential keys
-    (`PASSWORD=`, `api_key:`, `"token":`, in JSON at any depth), at least NAMED_LEAST long, with
-    what they decode to; and a line with no key that looks generated (a file holding a token
-    alone; looks_random). Not the others: an `.env` says `APP_NAME=shop`, `BRANCH=feature-12-login`
-    and `DB_HOST=db01`, and the workspace has a `shop/` folder; withholding it would break the run
-    for no secret."""
+    (NAME_KEY: `DB_PASS=`, `signing_key:`, `"token":`, in JSON at any depth), at least NAMED_LEAST
+    long, with what they decode to; and any other that looks generated (looks_random: under
+    another key, or a line that is a token alone). Not the others: an `.env` says
+    `APP_NAME=shop`, `BRANCH=feature-12-login` and `DB_HOST=db01`, and the workspace has a `shop/`
+    folder; withholding it would break the run for no secret."""
     out: list[str] = []
     if text.lstrip()[:1] in ("{", "["):
         out += _json_credentials(text)
@@ -81,10 +96,11 @@ def name_values(text: str) -> list[str]:
         if not line or line.startswith("#"):
             continue
         key, values = _keyed(line)
-        if key is None:
-            out += [v for v in values if looks_random(v.strip())]
-        elif CREDENTIAL_KEY.search(key):
+        if key is not None and NAME_KEY.search(key):
+            values = [v for v in values if not _PATH_LIKE.search(v.strip())]  # KEY_FILE=./keys/dev.key
             out += [p for v in values for p in (v, *_decoded(v)) if len(p.strip()) >= NAMED_LEAST]
+        else:
+            out += [v for v in values if looks_random(v.strip())]
     return out
 
 
@@ -100,10 +116,10 @@ def _json_credentials(text: str) -> list[str]:
     while todo:
         keyed, item = todo.pop()
         if isinstance(item, str):
-            if keyed and len(item.strip()) >= NAMED_LEAST:
+            if (keyed and len(item.strip()) >= NAMED_LEAST) or looks_random(item.strip()):
                 out += [item, *_decoded(item)]
         elif isinstance(item, dict):
-            todo += [(keyed or CREDENTIAL_KEY.search(str(k)) is not None, v) for k, v in item.items()]
+            todo += [(keyed or NAME_KEY.search(str(k)) is not None, v) for k, v in item.items()]
         elif isinstance(item, list):
             todo += [(keyed, v) for v in item]
     return out

@@ -484,10 +484,14 @@ def test_only_credentials_and_generated_values_are_sought_in_file_names() -> Non
         "APP_NAME=shop\nDB_HOST=db01.internal\nBRANCH=feature-1234-login-page\nDB_PASSWORD=hunter2hunter\n"
         "export PLAIN=a plain sentence here\nclient_secret: short\nauth: dXNlcjpQdzlxUmV4N2Jhc2U=\n"
         "sk9f8Q2mZx7Lp4VtR3\n"  # a line that is a token alone
+        "ADMIN_PASS=lettersonlypass\nROOT_PW=rootpw123\nSIGNING_KEY=signing-key-value\nSALT=saltysalt\n"
+        "OTHER=Xk29fQ8vLmP3zR7wT1b\nBUILD=2024a-build-0001-linux\nKEY_PATH=./keys/dev.key\n"
     )
     names = name_values(text)
     assert {"hunter2hunter", "dXNlcjpQdzlxUmV4N2Jhc2U=", "Pw9qRex7base", "sk9f8Q2mZx7Lp4VtR3"} <= set(names)
-    assert not {"shop", "db01.internal", "feature-1234-login-page", "a plain sentence here", "short"} & set(names)
+    assert {"lettersonlypass", "rootpw123", "signing-key-value", "saltysalt", "Xk29fQ8vLmP3zR7wT1b"} <= set(names)
+    plain = {"shop", "db01.internal", "feature-1234-login-page", "a plain sentence here", "short"}
+    assert not (plain | {"2024a-build-0001-linux", "./keys/dev.key"}) & set(names)
     account = json.dumps({"type": "service_account", "project_id": "shop-prod-2024", "private_key_id": "k" * 40})
     assert name_values(account) == ["k" * 40]
     red = Redactor()

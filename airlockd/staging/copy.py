@@ -256,6 +256,15 @@ class StagingWalk:
     def _carries_value(self, rel: str) -> bool:
         return self.redactor is not None and self.redactor.names_known > 0 and self.redactor.in_name(rel)
 
+    def _target_rule(self, src: int, name: str) -> str | None:
+        """The rule that keeps a symlink out for its target (the agent reads it with readlink, and
+        records hold it): a secret a detector finds there, or a withheld value it carries."""
+        target = os.readlink(name, dir_fd=src)
+        hit = self.scanner.first_hit(os.fsencode(target))
+        if hit is not None:
+            return f"{IN_NAME}{hit}"
+        return VALUE_IN_NAME if self._carries_value(target) else None
+
     def _judge_member(self, rel: str, is_dir: bool) -> str | None:
         """An archive member's path, judged as a tree's."""
         rule = self._judge_path(rel, is_dir)
@@ -407,7 +416,11 @@ class StagingWalk:
                 elif de.is_file(follow_symlinks=False):
                     self._copy_file(src, dst, de.name, rel)
                 elif de.is_symlink():
-                    self._copy_link(src, dst, de.name, rel)
+                    rule = self._target_rule(src, de.name)
+                    if rule is None:
+                        self._copy_link(src, dst, de.name, rel)
+                    else:
+                        self._withhold(self._shown(rel, rule), rule)
                 else:
                     self._skip(rel, _special(de.stat(follow_symlinks=False).st_mode))
             except FileNotFoundError:
@@ -639,16 +652,19 @@ class StagingWalk:
                 self.unstage(dst_root, rel, rule)
 
     def drop_names_with_values(self, dst_root: int, staged: list[str]) -> None:
-        """Take out of the copy every path of `staged` that carries a withheld value learnt after
-        the walk judged it (a file whose content a detector withheld, read later in the walk):
-        the shallowest node whose path carries it, with all under it. One search of all the
-        paths when none does (the common case)."""
-        if not staged or not self._carries_value("\n".join(staged)):
-            return
+        """Take out of the copy every path of `staged` (or link whose target) that carries a
+        withheld value learnt after the walk judged it (a file whose content a detector
+        withheld, read later in the walk): the shallowest node whose path carries it, with all
+        under it. One search of all the paths when none does (the common case)."""
         base = self.result.base
+        targets = {rel: e.target for rel in staged if (e := base.get(rel)) is not None and e.target}
+        if not staged or not self._carries_value("\n".join([*staged, *targets.values()])):
+            return
         tops: list[str] = []
         for rel in sorted(staged, key=lambda r: (r.count("/"), r)):
-            if rel in base and not any(rel.startswith(t + "/") for t in tops) and self._carries_value(rel):
+            if rel not in base or any(rel.startswith(t + "/") for t in tops):
+                continue
+            if self._carries_value(rel) or (rel in targets and self._carries_value(targets[rel])):
                 tops.append(rel)
         for top in tops:
             under = [r for r in base if r.startswith(top + "/")]

@@ -210,6 +210,21 @@ def test_a_name_carrying_a_withheld_credential_keeps_it_out_but_not_a_plain_sett
     assert CRED.lower() not in stored.lower()
 
 
+def test_a_link_whose_target_carries_a_secret_is_withheld(tmp_path: Path, policy: Policy, stage_fn: Stage) -> None:
+    """The agent reads a link's target with readlink, and every record of the copy holds it:
+    a target a detector fires on, or one carrying a withheld credential, keeps the link out."""
+    ws = tmp_path / "ws"
+    write(ws, ".env", f"DB_PASSWORD={CRED}\n")
+    write(ws, "src/app.py", "print(1)\n")
+    (ws / "tok").symlink_to(GHP)
+    (ws / "src/cred").symlink_to(f"../cache/{CRED}")
+    (ws / "src/ok").symlink_to("app.py")
+    have, why, stored = _staged(tmp_path, stage_fn, ws, policy)
+    assert "src/ok" in have and "tok" not in have and "src/cred" not in have
+    assert why["tok"] == "detector-in-name:github-token" and why["src/cred"] == "detector-in-name:withheld-value"
+    assert GHP not in stored and CRED not in stored
+
+
 def test_a_credential_learnt_late_in_the_walk_takes_out_a_name_staged_before(
     tmp_path: Path, policy: Policy, stage_fn: Stage
 ) -> None:

@@ -73,6 +73,15 @@ class Store:
             rows = db.table("runs").all()
         return sorted((RunRecord.model_validate(r) for r in rows), key=lambda r: r.created_at)
 
+    def recent_withheld(self, runs: int = 10) -> list[str]:
+        """The paths the last `runs` runs' staging withheld (as recorded: masked where a name
+        carried a secret), for a process that did not stage them to read their values again."""
+        with self.tx() as db:
+            rows = db.table("runs").all()
+        rows = sorted(rows, key=lambda r: str(r.get("created_at", "")))[-runs:]
+        out = {w["path"] for r in rows for w in r.get("withheld") or [] if isinstance(w, dict) and "path" in w}
+        return sorted(out)
+
     def update_run(self, run_id: str, fn: Callable[[RunRecord], None]) -> RunRecord:
         """Read, change with `fn`, write back, all under one lock."""
         with self.tx() as db:

@@ -141,7 +141,8 @@ def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> 
     memory only, never stored): this process may not be the one that staged the run (a daemon
     restarted, a run re-attached), and a withheld file may have changed while the agent ran
     (a walk: 0.2 s on a 20,000-file tree, once per inspection)."""
-    learn_withheld(svc.workspace, svc.policy, svc.policy.clearance_for(rec.agent), svc.redactor)
+    also = [w["path"] for w in rec.withheld]  # what this run's staging withheld for its content too
+    learn_withheld(svc.workspace, svc.policy, svc.policy.clearance_for(rec.agent), svc.redactor, also=also)
     return find_secrets_in(
         svc.state.run_dir(rec.id),
         changes,

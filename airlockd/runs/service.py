@@ -210,7 +210,7 @@ class Service:
             when, level = self._learned
             if now - when < LEARN_FRESH_S and level.rank <= clearance.rank:
                 return
-        learn_withheld(self.workspace, self.policy, clearance, self.redactor)
+        learn_withheld(self.workspace, self.policy, clearance, self.redactor, also=self.store.recent_withheld())
         self._learned = (now, clearance)
 
     def keep_mirrors(self, walker: Callable[[Level], None] | None = None) -> str | None:

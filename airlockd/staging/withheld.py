@@ -9,6 +9,7 @@ Redactor's memory holds them; nothing here writes anywhere.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from airlockd.pipeline.manifest import walk
@@ -21,10 +22,13 @@ READ_LIMIT = 1 << 20  # per file, as staging reads them
 PRUNE = frozenset({".git", "node_modules", ".venv", "__pycache__"})  # never withheld wholesale; skip for speed
 
 
-def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor) -> list[str]:
+def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor, also: Iterable[str] = ()) -> list[str]:
     """Register the values of every path-withheld text file (by withhold pattern, a label above
     `clearance` or a secret in its name: staging's own path rules) with `redactor`; the relative
-    paths read. Copies of these (withheld by identity) hold the same values: not read again."""
+    paths read. Copies of these (withheld by identity) hold the same values: not read again.
+    `also`: paths staging withheld (recorded with the runs) that these rules cannot find without
+    reading every file: withheld for their content, or under a directory this walk skips
+    (`node_modules/pkg/.env`); a file, or every file under a directory."""
     withhold = policy.withhold_match
     above = policy.above(clearance)
     names = SecretScanner(policy.withhold.detectors)
@@ -48,6 +52,15 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor)
     ]
     for d in withheld_dirs:
         targets.extend((rel_d, de.path) for rel_d, de in _files_under(workspace / d, d))
+    seen = {rel for rel, _ in targets}
+    for rel in also:
+        if rel in seen or rel.startswith("/") or ".." in rel.split("/"):
+            continue
+        where = workspace / rel
+        if where.is_dir() and not where.is_symlink():
+            targets.extend((rel_d, de.path) for rel_d, de in _files_under(where, rel))
+        else:
+            targets.append((rel, str(where)))
     for rel, path in targets:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -195,6 +195,26 @@ def test_values_are_learnt_again_at_inspection(tmp_path: Path) -> None:
     assert fresh not in svc.state.store.read_text()
 
 
+def test_values_staging_found_by_content_or_deep_are_known_to_every_later_process(tmp_path: Path) -> None:
+    """Another process (a CLI command, a restarted daemon) learns the withheld values with a walk
+    of path rules only; what staging withheld for its content (the other lines of a config that
+    holds an AWS key) or in a folder that walk skips (`node_modules/pkg/.env`) is read too, from
+    the paths the runs recorded: a diff or a prompt quoting them is masked or refused."""
+    ws = workspace(tmp_path, PERMISSIVE)
+    deep, beside = "Rt6-deep-in-node-modules-Vb1", "Hq3-beside-an-aws-key-Lm8"
+    aws = "AKIA" + "Q" * 16
+    (ws / "node_modules" / "pkg").mkdir(parents=True)
+    (ws / "node_modules" / "pkg" / ".env").write_text(f"DB_PASSWORD={deep}\n")
+    (ws / "config").mkdir()
+    (ws / "config" / "app.yaml").write_text(f"aws_key: {aws}\ndb_password: {beside}\n")
+    svc = Service(ws, sandbox=FakeSandbox(lambda staged: b""))
+    rec = _run(svc)
+    assert {"node_modules/pkg/.env", "config/app.yaml"} <= {w["path"] for w in rec.withheld}
+    later = Service(ws, actor="cli")
+    assert later.redactor.known_in(f"x {deep} y") and later.redactor.known_in(f"x {beside} y")
+    assert deep not in later.redactor.text(f"echo {deep}")
+
+
 def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:
     """A change the detectors of the policy let through (a bearer token: its detector masks output
     but is not in the default `withhold.detectors`) still reaches the editor masked, in hunks and

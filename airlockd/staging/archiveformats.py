@@ -322,6 +322,16 @@ def zip_end(fh: IO[bytes], size: int) -> tuple[int, int] | None:
     return start + at, min(size, start + at + 22 + comment)
 
 
+def _local_agrees(head: bytes, info: zipfile.ZipInfo) -> bool:
+    """Whether a local header without a data descriptor says what the central directory says of
+    its entry: method, CRC and both sizes (a zip64 size, 0xFFFFFFFF there, is in its extra)."""
+    method, crc = int.from_bytes(head[8:10], "little"), int.from_bytes(head[14:18], "little")
+    packed, size = int.from_bytes(head[18:22], "little"), int.from_bytes(head[22:26], "little")
+    if method != info.compress_type or crc != info.CRC:
+        return False
+    return (packed == 0xFFFFFFFF or packed == info.compress_size) and (size == 0xFFFFFFFF or size == info.file_size)
+
+
 def zip_gaps(fh: IO[bytes], infos: Iterable[zipfile.ZipInfo], start_dir: int, size: int) -> list[tuple[int, int]]:
     """The spans (start, end) of the zip `fh` (`size` bytes) that its central directory does not
     account for: before the first entry (a self-extractor's stub, a script's shebang line),
@@ -344,6 +354,10 @@ def zip_gaps(fh: IO[bytes], infos: Iterable[zipfile.ZipInfo], start_dir: int, si
         utf8 = int.from_bytes(head[6:8], "little") & 0x800
         if raw.decode("utf-8" if utf8 else "cp437", "replace") != info.orig_filename:
             raise CorruptArchive("a zip local header names another file")
+        if not int.from_bytes(head[6:8], "little") & 0x08 and not _local_agrees(head, info):
+            # a reader of local headers takes the entry's end from them: data the directory
+            # gives this entry past that end would be read as an entry of its own
+            raise CorruptArchive("a zip local header gives other sizes than the directory")
         data_end = at + 30 + names + extra + info.compress_size
         if info.flag_bits & 0x08:
             data_end += _zip_descriptor(fh, data_end, info)

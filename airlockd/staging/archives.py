@@ -276,6 +276,10 @@ class ArchiveScanner:
                 raise _Stop("archive-unscannable:encrypted")
             with zf.open(info) as member:
                 self._content(_chunks(member, info.compress_size), name, depth, budget, out)
+                if _unused(member):
+                    # a deflate stream that ends before the entry's data does: what follows it
+                    # is read as another entry by a reader that walks local headers
+                    raise _Stop("archive-unscannable:inconsistent-entry")
         for start, stop in gaps:
             fh.seek(start)
             self._follow(Span(fh, stop - start), prefix, depth, budget, out, OUTSIDE)
@@ -455,6 +459,14 @@ class _Ratio(io.RawIOBase):
             data = self._read(n)
         buf[: len(data)] = data
         return len(data)
+
+
+def _unused(member: IO[bytes]) -> bool:
+    """Whether a zip member read to its end left compressed bytes its stream did not use
+    (zipfile keeps its decompressor: a zlib one has `unused_data`; other methods are read by
+    length)."""
+    dec = getattr(member, "_decompressor", None)
+    return bool(getattr(dec, "eof", False) and getattr(dec, "unused_data", b""))
 
 
 def _holds_local_header(fh: IO[bytes], start: int, stop: int) -> bool:

@@ -28,7 +28,7 @@ from airlockd.pipeline.manifest import Entry, Kind, Manifest
 from airlockd.staging.copy import READ_WHOLE, StageResult, StagingError, StagingWalk, is_identity_rule, os_rule
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_SRC, read_all, write_all
 
-FORMAT = 6  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
+FORMAT = 7  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
 _O_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 TMP = ".airlockd-mirror-tmp"
 

@@ -9,12 +9,14 @@ import gzip
 import io
 import lzma
 import os
+import struct
 import subprocess
 import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from archivekinds import LZ4_FRAME, RAR, SEVEN_ZIP, ZSTD_FRAME, ar_bytes, cpio_bytes, v7_tar_bytes
@@ -375,3 +377,68 @@ def test_what_follows_an_archives_end_is_scanned_too(tmp_path: Path, policy: Pol
         assert rules.get(rel, "").startswith("archive:.env:"), (rel, rules.get(rel))
     for rel in ("notes.gz", "clean.tar", "clean.tar.gz"):
         assert rel not in rules and _staged(tmp_path / "out", rel), rel
+
+
+def _local(name: bytes, data: bytes, method: int, flags: int = 0, sizes: tuple[int, int, int] | None = None) -> bytes:
+    if method == zipfile.ZIP_DEFLATED:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        data = c.compress(data) + c.flush()
+    crc, packed, size = sizes if sizes is not None else (zlib.crc32(data), len(data), len(data))
+    head = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, flags, method, 0, 0, crc, packed, size, len(name), 0)
+    return head + name + data
+
+
+def _directory(name: bytes, method: int, flags: int, crc: int, packed: int, size: int, body: bytes) -> bytes:
+    fields = (20, 20, flags, method, 0, 0, crc, packed, size, len(name), 0, 0, 0, 0, 0, 0)
+    cd = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", *fields) + name
+    return body + cd + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+
+
+def test_a_zip_entry_hidden_where_a_reader_of_local_headers_finds_it_is_withheld(
+    tmp_path: Path, policy: Policy, stage_fn: Stage
+) -> None:
+    """The directory names `readme.txt` only, but gives it data that holds a whole local entry
+    (`.env`), which Java's ZipInputStream or bsdtar then extract: stored, with a local header that
+    gives the readme's real sizes; or deflated with a data descriptor, the deflate stream ending
+    before the data the directory gives it does. Withheld; a zip written with data descriptors
+    (to a pipe) is staged (found by the attack review)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    readme = b"just a readme\n"
+    hidden = _local(b".env", ENV.encode(), zipfile.ZIP_DEFLATED)
+    claimed = readme + hidden
+    stored = _local(b"readme.txt", readme, zipfile.ZIP_STORED) + hidden
+    (ws / "stored.zip").write_bytes(
+        _directory(b"readme.txt", 0, 0, zlib.crc32(claimed), len(claimed), len(claimed), stored)
+    )
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    deflated = c.compress(readme) + c.flush()
+    body = _local(b"readme.txt", b"", zipfile.ZIP_DEFLATED, flags=0x08, sizes=(0, 0, 0))[:-2] + deflated + hidden
+    body += struct.pack("<4sIII", b"PK\x07\x08", zlib.crc32(readme), len(deflated) + len(hidden), len(readme))
+    (ws / "deflated.zip").write_bytes(
+        _directory(b"readme.txt", 8, 0x08, zlib.crc32(readme), len(deflated) + len(hidden), len(readme), body)
+    )
+
+    class Pipe(io.RawIOBase):  # unseekable: zipfile writes data descriptors
+        def __init__(self) -> None:
+            self.buf = b""
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            self.buf += bytes(b)
+            return len(b)
+
+    pipe = Pipe()
+    with zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a.txt", b"hello\n" * 100)
+        zf.writestr("b.txt", b"world\n" * 100)
+    assert zipfile.ZipFile(io.BytesIO(pipe.buf)).infolist()[0].flag_bits & 0x08
+    (ws / "piped.zip").write_bytes(pipe.buf)
+    rules = _rules(stage_fn(ws, tmp_path / "out", policy))
+    assert rules == {
+        "stored.zip": "archive-unscannable:corrupt",
+        "deflated.zip": "archive-unscannable:inconsistent-entry",
+    }
+    assert _staged(tmp_path / "out", "piped.zip")

@@ -321,6 +321,14 @@ def scrub(obj: Any) -> Any:
     return obj
 
 
+def secret_in_name(name: str) -> bool:
+    """Whether a name (a branch, a path) holds what a detector finds, or a value no file name may
+    carry that any live Redactor of this process knows (Redactor.in_name)."""
+    if any(pat.search(name) for pat in DETECTORS.values()):
+        return True
+    return any(red.in_name(name) for red in list(_LIVE) if red.names_known)
+
+
 class RedactingFilter(logging.Filter):
     """Masks a log record's message, arguments, traceback and stack before any handler sees it."""
 

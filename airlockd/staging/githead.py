@@ -10,6 +10,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from airlockd.redact import secret_in_name
+
 DOTGIT = ".git"
 RULE = "git-history"
 DEFAULT_BRANCH = "main"
@@ -59,8 +61,9 @@ class Head:
 
 def workspace_head(workspace: Path) -> Head | None:
     """The workspace's HEAD, read from `.git/HEAD` (or the HEAD of the directory a `gitdir:` file
-    names); None when the workspace is no repository. A branch name git would not take, or a
-    HEAD that cannot be read, is `main`. Reads two small files; never follows `.git` if a link."""
+    names); None when the workspace is no repository. A branch name git would not take, one that
+    carries a secret (redact.secret_in_name), or a HEAD that cannot be read, is `main`. Reads
+    two small files; never follows `.git` if a link."""
     dotgit = workspace / DOTGIT
     try:
         st = os.lstat(dotgit)
@@ -81,7 +84,8 @@ def workspace_head(workspace: Path) -> Head | None:
     head = head.strip()
     if head.startswith("ref: refs/heads/"):
         name = head[len("ref: refs/heads/") :].strip()
-        return Head(name if _BRANCH.fullmatch(name) else DEFAULT_BRANCH)
+        fine = _BRANCH.fullmatch(name) and not secret_in_name(name)  # `fix/<a token>`: not copied
+        return Head(name if fine else DEFAULT_BRANCH)
     if _HEX.fullmatch(head):
         return Head(None)
     return Head(DEFAULT_BRANCH)

@@ -15,6 +15,7 @@ import pytest
 from githistory import SECRET, git, history_workspace
 
 from airlockd.policy import Level, Policy, load_policy
+from airlockd.redact import Redactor
 from airlockd.staging import gitcopy
 from airlockd.staging.copy import stage
 from airlockd.staging.keeper import MirrorKeeper
@@ -432,3 +433,20 @@ def test_a_cold_build_packs_what_the_walk_read_and_keeps_out_what_it_dropped(
     assert not (view.tree / "aaa-copy.txt").exists()
     assert_fresh_repo(view.tree, {"src/app.py", "README.md"})
     assert_not_in_store(view.tree, b"the-value-of-dot-env-")
+
+
+def test_a_branch_name_that_carries_a_secret_is_not_copied(tmp_path: Path, policy: Policy) -> None:
+    """`fix/<token>` or a branch named with a withheld credential would reach the copy's
+    `.git/HEAD` and its refs: the fresh repository is on `main` instead (attack review)."""
+    ws = history_workspace(tmp_path, packed=False)
+    token = "ghp_" + "t" * 36
+    git(ws, "checkout", "-q", "-b", f"fix/{token}")
+    assert gitcopy.workspace_head(ws) == gitcopy.Head("main")
+    cred = "Vq7mR2xK9pL4wZ8tN3"
+    red = Redactor()
+    red.add_file_values(f"DB_PASSWORD={cred}\n")
+    git(ws, "checkout", "-q", "-b", f"try-{cred}")
+    assert gitcopy.workspace_head(ws) == gitcopy.Head("main")
+    del red
+    git(ws, "checkout", "-q", "-b", "feature/ordinary-name")
+    assert gitcopy.workspace_head(ws) == gitcopy.Head("feature/ordinary-name")

@@ -265,11 +265,7 @@ def test_a_value_encoded_or_split_is_denied_and_never_shown(tmp_path: Path) -> N
     assert all("a value of a withheld file" in out for out in shown)
     for text in [*shown, log]:
         assert not svc.redactor.known_in(text), text
-    for path in svc.state.root.rglob("*"):  # no form of it kept anywhere
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
-            assert not svc.redactor.known_in(text), path
+    _assert_no_form_kept(svc)
 
 
 def _powershell_agent(ws: Path) -> bytes:
@@ -299,11 +295,7 @@ def test_a_value_in_base64_of_utf16_is_denied_and_never_shown(tmp_path: Path) ->
     ]
     for text in [*shown, log]:
         assert not svc.redactor.known_in(text), text
-    for path in svc.state.root.rglob("*"):  # no form of it kept anywhere
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
-            assert not svc.redactor.known_in(text), path
+    _assert_no_form_kept(svc)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -313,6 +305,16 @@ def _cli(ws: Path, argv: list[str], as_json: bool) -> str:
     head = [sys.executable, "-m", "airlockd", "--workspace", str(ws), "--no-daemon"] + ["--json"] * as_json
     proc = subprocess.run([*head, *argv], capture_output=True, text=True, timeout=120, env=os.environ.copy())
     return proc.stdout + proc.stderr
+
+
+def _assert_no_form_kept(svc: Service) -> None:
+    """No form of a value the service's redactor knows in any file of its state directory (gzip
+    members decompressed)."""
+    for path in svc.state.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
+            assert not svc.redactor.known_in(text), path
 
 
 def _assert_nowhere(root: Path) -> None:

@@ -35,6 +35,12 @@ _B64URL = "[A-Za-z0-9_-]"
 _B64URL_TAIL = f"(?:{_B64URL}[AQgw]|{_B64URL}{{2}}[AEIMQUYcgkosw048])?"
 _JWT_JSON_PART = f"eyJ{_B64URL}(?:{_B64URL}{{4}}){{3,}}{_B64URL_TAIL}"  # '{"' ... : a JSON object
 
+_B64 = "[A-Za-z0-9+/]"
+# A base64 value whose bytes hold a ':' (0x3a): in a quad of characters, byte 0 gives 'O' and one
+# of 'g'..'v', byte 1 one of 'DTjz' and one of 'o'..'r', byte 2 a multiple of 4 and '6'.
+_B64_COLON = f"(?=(?:{_B64}{{4}})*(?:O[g-v]|{_B64}[DTjz][o-r]|{_B64}{{2}}[AEIMQUYcgkosw048]6))"
+_B64_VALUE = f"(?:{_B64}{{4}}){{2,}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?(?![A-Za-z0-9+/=])"
+
 
 # '-----BEGIN ' and 'PRIVATE KEY' as they appear in a base64-encoded PEM, at every alignment.
 PEM_BEGIN_B64 = b64_stable(b"-----BEGIN ")
@@ -59,6 +65,15 @@ DETECTORS: dict[str, re.Pattern[str]] = {
         "(?:" + "|".join(PEM_BEGIN_B64) + ")[A-Za-z0-9+/]{0,60}?"
         "(?:" + "|".join(PEM_PRIVATE_KEY_B64) + ")[A-Za-z0-9+/]*={0,2}"
     ),
+    # detect-secrets PrivateKeyDetector ('BEGIN SSH2 ENCRYPTED PRIVATE KEY'): an RFC 4716-style
+    # ssh.com private key (PuTTYgen's "Export ssh.com key"), four dashes and spaces, which the PEM
+    # header pattern above does not read; masked to its END line or to the end of the text.
+    "ssh2-private-key": re.compile(
+        r"(?ai)---- BEGIN SSH2 (?:ENCRYPTED )?PRIVATE KEY ----[\s\S]*?"
+        r"(?:---- END SSH2 (?:ENCRYPTED )?PRIVATE KEY ----|\Z)"
+    ),
+    # gitleaks `age-secret-key`: an age identity (bech32, upper case as age writes it).
+    "age-secret-key": re.compile(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"),
     "aws-access-key": re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"),
     "github-token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
     "gitlab-token": re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b"),
@@ -67,6 +82,29 @@ DETECTORS: dict[str, re.Pattern[str]] = {
     "anthropic-key": re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}\b"),
     "google-api-key": re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"),
     "stripe-key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"),
+    # gitleaks `npm-access-token` (any case, in ASCII).
+    "npm-token": re.compile(r"\b[Nn][Pp][Mm]_[A-Za-z0-9]{36}\b"),
+    # gitleaks `pypi-upload-token` (a macaroon: its base64 opens with '\x02\x01\x08pypi.org').
+    "pypi-token": re.compile(r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}"),
+    # gitleaks `vault-service-token` and `vault-batch-token` (their least lengths; a longer token
+    # is masked whole). The legacy `s.` + 24 form is left out: it is any word after "s.".
+    "vault-token": re.compile(r"\b(?:hvs\.[A-Za-z0-9_-]{90,}|hvb\.[A-Za-z0-9_-]{138,})"),
+    # gitleaks `huggingface-access-token`.
+    "huggingface-token": re.compile(r"\bhf_[A-Za-z]{34}\b"),
+    # Nosey Parker np.dockerhub.1 (Docker Hub personal access token).
+    "dockerhub-token": re.compile(r"\bdckr_pat_[A-Za-z0-9_-]{27}(?![A-Za-z0-9_-])"),
+    # gitleaks `sendgrid-api-token`, held to the key's shape: `SG.` + 22 + `.` + 43 base64url.
+    "sendgrid-key": re.compile(r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"),
+    # Nosey Parker np.google.2 (Google OAuth client secret, prefixed).
+    "google-oauth-secret": re.compile(r"\bGOCSPX-[A-Za-z0-9_-]{28}(?![A-Za-z0-9_-])"),
+    # gitleaks `digitalocean-pat`, `digitalocean-access-token`, `digitalocean-refresh-token`.
+    "digitalocean-token": re.compile(r"\bdo[opr]_v1_[a-f0-9]{64}\b"),
+    # gitleaks `shopify-access-token`, `-custom-access-token`, `-private-app-access-token`,
+    # `-shared-secret`.
+    "shopify-token": re.compile(r"\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
+    # gitleaks `twilio-api-key`, word-bounded (no longer hex run, no `TASK...`) and holding a digit
+    # and a letter, as 32 random hex digits do (not `SK` + 32 zeros, a placeholder).
+    "twilio-key": re.compile(r"\bSK(?=[0-9a-fA-F]{0,31}[a-fA-F])(?=[0-9a-fA-F]{0,31}[0-9])[0-9a-fA-F]{32}\b"),
     # gitleaks `jwt` (header and payload are base64url JSON objects: 'eyJ'), with every part held
     # to a length and last character a base64url encoder can produce; the signature may be empty.
     "jwt": re.compile(
@@ -96,14 +134,23 @@ DETECTORS: dict[str, re.Pattern[str]] = {
         r"(?m)^(?=[^\s:]*[A-Za-z.*])[^\s:#][^\s:]*:(?:[0-9]{1,5}|\*):[^\s:]+:[^\s:]+:"
         r"(?:[^\s:\\]|\\.){3,}[ \t]*\r?$"
     ),
+    # Nosey Parker np.http.1 and gitleaks `curl-auth-header` (Basic): an `Authorization` (or
+    # `Proxy-Authorization`) header or field with Basic credentials, any case for the header and
+    # the scheme (RFC 7617); the credentials a canonical base64 of 6 bytes or more whose text holds
+    # a ':' (user:password), checked on the base64 itself at each of the 3 byte positions.
+    "http-basic-auth": re.compile(
+        r"\b(?ai:authorization)[\"']?[ \t]*(?:[:=,]|=>)[ \t]*[\"']?(?ai:basic)[ \t]+" + _B64_COLON + _B64_VALUE
+    ),
     "bearer": re.compile(r"(?i)\b(?:authorization\s*[:=]\s*)?bearer\s+[A-Za-z0-9._~+/=\-]{12,}"),
     "airlock-run-token": re.compile(r"\balrt_[A-Za-z0-9_\-.]{20,}"),
 }
 
 # Detectors of raw bytes, not text (airlockd/staging/secretscan.py holds them): a private key in
-# DER (PKCS#1, PKCS#8, SEC1, OpenSSH's binary form) or a PEM private key written in UTF-16. A
-# policy names them like DETECTORS; the Redactor has nothing to mask for them (output is text).
-BYTE_DETECTORS = ("private-key-der", "private-key-utf16")
+# DER (PKCS#1, PKCS#8, SEC1, OpenSSH's binary form), a PEM private key written in UTF-16, and the
+# base64 of a DER private key without PEM lines (a YAML, properties or JSON value). A policy names
+# them like DETECTORS; the Redactor has no pattern for them (the values of a file they withhold
+# are masked as a withheld file's are).
+BYTE_DETECTORS = ("private-key-der", "private-key-utf16", "private-key-der-base64")
 
 
 def known_detectors() -> list[str]:

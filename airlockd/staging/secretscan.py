@@ -4,13 +4,15 @@ byte pre-search so a clean file costs a few passes, never a regex per detector.
 Text detectors are redact.DETECTORS (also the Redactor's patterns), run on the buffer decoded as
 UTF-8 and, when the buffer is UTF-16 or UTF-32 text (`wide_texts`: a PowerShell script, a .reg
 export), on it decoded as such too. Detectors of bytes live here (redact.BYTE_DETECTORS names them):
-private keys in DER and PEM private keys written in UTF-16. A workspace's own detectors
+private keys in DER, PEM private keys written in UTF-16, and the base64 of a DER private key
+without PEM lines (read in UTF-16 too). A workspace's own detectors
 (`[[withhold.custom]]`) run as text detectors, anchored on their regex's literal prefix or on
 their keywords.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -20,14 +22,16 @@ from airlockd.redact import DETECTORS, PEM_BEGIN_B64, ExtraDetector
 
 # Bytes every match of a detector contains, with the digest of the detector's pattern they were
 # derived from. A byte search for these decides whether the full regexes need to run at all;
-# anchors are chosen to share first bytes (A, g, s, k, x, -, :) because each distinct first byte
-# costs one pass over the data, and to be rare in code ("k-" would be one pass fewer, but
-# kebab-case is everywhere). If redact.py changes a pattern, its digest no longer matches and that
-# detector's regex runs on every file instead: slower, never unsound (tests/unit/test_staging.py
-# says so when that happens).
+# anchors are chosen to share first bytes (A, g, s, S, h, d, k, x, -, :) because each distinct
+# first byte costs one pass over the data, and to be rare in code ("k-" would be one pass fewer,
+# but kebab-case is everywhere). Anchors that must match in any case open with a class and are
+# searched as one more pass (npm-token, http-basic-auth). If redact.py changes a pattern, its
+# digest no longer matches and that detector's regex runs on every file instead: slower, never
+# unsound (tests/unit/test_staging.py says so when that happens).
 _ANCHORS: dict[str, tuple[str, bytes]] = {
     "private-key": ("3cc1ffc36e87de82", rb"-----[Bb][Ee][Gg][Ii][Nn]"),
     "putty-private-key": ("0934ab77b9c91e2a", rb"-User-Key-File-"),
+    "ssh2-private-key": ("ee8f0e33f09372bd", rb"---- [Bb][Ee][Gg][Ii][Nn] [Ss][Ss][Hh]2 "),
     # 'LS0t' is in the base64 of '-----BEGIN ' at all 3 alignments (redact.PEM_BEGIN_B64).
     "private-key-base64": (
         "f7adf45b098d95a5",
@@ -35,12 +39,25 @@ _ANCHORS: dict[str, tuple[str, bytes]] = {
     ),
     "aws-access-key": ("727795ee3eaf9378", rb"A(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA|IPA)"),
     "google-api-key": ("0427d531b30efad8", rb"AIza"),
+    "age-secret-key": ("abf8b5a7c831eabf", rb"AGE-SECRET-KEY-1"),
+    "pypi-token": ("1df7e25354555fb1", rb"AgEIcHlwaS5vcmc"),  # in "pypi-AgEIcHlwaS5vcmc"; the 'A' pass
     "azure-connection-string": ("44799d1787f1c2d1", rb"AccountKey|AccessKey"),
     "github-token": ("757c4200279c3eb3", rb"gh[pousr]_|github_pat_"),
     "gitlab-token": ("ef8b678fd2828638", rb"glpat-"),
     "openai-key": ("6e1338a1e18fd390", rb"sk-"),
     "anthropic-key": ("76071ca8c52d7c1a", rb"sk-ant-"),
     "stripe-key": ("863b156ae6772cd1", rb"k_(?:live|test)_"),
+    "shopify-token": ("cbd69c3624b44e06", rb"shp(?:at|ca|pa|ss)_"),
+    "sendgrid-key": ("3de13be719f8c8a1", rb"SG\."),
+    "twilio-key": ("7fe931898fc56aa4", rb"SK[0-9a-fA-F]{32}"),
+    "google-oauth-secret": ("713e49680abd656c", rb"SPX-"),  # in "GOCSPX-"; shares the 'S' pass
+    "vault-token": ("d9789a51838266d3", rb"hv[sb]\."),
+    "huggingface-token": ("4182014396011810", rb"hf_[A-Za-z]{34}"),
+    "dockerhub-token": ("0fcf57d52afe2e0f", rb"dckr_pat_"),
+    "digitalocean-token": ("5ef55bfd23ba33d1", rb"do[opr]_v1_"),
+    "npm-token": ("d3e467db8c8fd622", rb"[Nn][Pp][Mm]_[A-Za-z0-9]{36}"),
+    # the header's name, in any case (the scheme follows it on the line)
+    "http-basic-auth": ("770590cee25e2231", rb"[Aa][Uu][Tt][Hh][Oo][Rr][Ii][Zz][Aa][Tt][Ii][Oo][Nn]"),
     "slack-token": ("9543435bd5c8c847", rb"xox[abposr]-"),
     "kubeconfig-credential": ("645549db45d33a37", rb"ser:"),  # in "user:"; shares the 's' pass
     "jwt": ("9d5e853d31750eb6", rb"eyJ"),
@@ -84,6 +101,51 @@ def _utf16_private_key(span: bytes) -> bool:
 
 def _der_private_key(span: bytes) -> bool:
     return _DER_KEY.search(span) is not None
+
+
+# The base64 of a DER private key without PEM lines (a YAML, properties or JSON value: `MIIEvQIB...`,
+# `MC4CAQAw...`, `b3BlbnNzaC1rZXktdjE...`): what every such value opens with, the base64 of the
+# SEQUENCE and its version INTEGER (0 or 1) for each length form of _DER_KEY, or of
+# 'openssh-key-v1\0'. A certificate (`MIIB..zCCA`) or a public key (`MIIBIjAN`, `MIGfMA0G`) has
+# no INTEGER there. Base64url characters are read as base64's.
+_B64_CHAR = rb"[A-Za-z0-9+/_-]"
+_DER_B64_ANCHOR = (
+    rb"M[A-H][AEIMQUYcgkosw048]CAQ"  # 30 len 02 01 ..
+    rb"|MI[E-H]" + _B64_CHAR + rb"AgE[AB]"  # 30 81 len 02 01 0v
+    rb"|MI[I-L]" + _B64_CHAR + rb"{2}[AQgw]IB"  # 30 82 len len 02 01
+    rb"|b3BlbnNzaC1rZXktdjEA"
+)
+# where one starts: not inside a run of base64, or after a `\n` escape (a JSON string)
+_DER_B64_START = re.compile(rb"(?:(?<![A-Za-z0-9+/])|(?<=\\[nr]))(?:" + _DER_B64_ANCHOR + rb")")
+_DER_B64_LEAST = 40  # base64 characters on a value's first line (a wrapped one has 64 or 76)
+_DER_B64_READ = 160  # characters decoded: 120 bytes, past the opening _DER_KEY reads of any key
+_DER_B64_WINDOW = 400  # bytes read on over the breaks of a wrapped value, for its characters
+_B64_BREAKS = re.compile(rb"(?:\r?\n|\\r|\\n)[ \t]*")  # a line break (or its escape) and indent
+_B64_CHARS = re.compile(_B64_CHAR + rb"{0,%d}" % _DER_B64_READ)
+_B64URL_TO_B64 = bytes.maketrans(b"-_", b"+/")
+
+
+def _b64_chars(data: bytes, at: int = 0) -> bytes:
+    m = _B64_CHARS.match(data, at)
+    return m.group() if m else b""
+
+
+def _der_base64_private_key(span: bytes) -> bool:
+    """A run of base64 (at least _DER_B64_LEAST characters on its first line, read on over line
+    breaks) that decodes, from its first character, to what _DER_KEY finds at the start: a private
+    key in DER. Each start costs a bounded read (an opening on a short line, none)."""
+    for start in _DER_B64_START.finditer(span):
+        at = start.start()
+        chars = _b64_chars(span, at)
+        if len(chars) < _DER_B64_LEAST:
+            continue
+        if len(chars) < _DER_B64_READ:  # a wrapped value, or a short one
+            window = _B64_BREAKS.sub(b"", span[at : at + _DER_B64_WINDOW])
+            chars = _b64_chars(window)
+        der = binascii.a2b_base64(chars[: len(chars) // 4 * 4].translate(_B64URL_TO_B64))
+        if _DER_KEY.match(der):
+            return True
+    return False
 
 
 # -- text in UTF-16 ------------------------------------------------------------------------------
@@ -246,6 +308,11 @@ class SecretScanner:
                 group.anchors.append(_UTF16_ANCHOR)
                 group.raw.append((name, _utf16_private_key))
                 continue
+            if name == "private-key-der-base64":  # text, so read in UTF-16 too (no gate)
+                group = groups.setdefault(b"der-base64", _Group())
+                group.anchors.append(_DER_B64_ANCHOR)
+                group.raw.append((name, _der_base64_private_key))
+                continue
             search = _searcher(DETECTORS[name])
             digest, anchor = _ANCHORS.get(name, ("", b""))
             if not anchor or digest != _digest(DETECTORS[name].pattern):
@@ -269,7 +336,8 @@ class SecretScanner:
             group.text.append((det.name, det.search))
         self.groups = [g.compile() for g in groups.values()]
         self.unanchored = [name for name, _ in self._unanchored]  # each runs on every buffer
-        self._texts = bool(self._unanchored) or any(g.text for g in self.groups)  # worth a UTF-16 read
+        # worth a UTF-16 read: a text detector, or one of bytes that reads text (no gate)
+        self._texts = bool(self._unanchored) or any(g.text or (g.raw and not g.gate) for g in self.groups)
 
     def first_hit(self, data: bytes) -> str | None:
         hit = self._hit(data, None)

@@ -32,6 +32,7 @@ from airlockd.staging import copy as staging
 from airlockd.staging.copy import stage
 from airlockd.staging.secretscan import (
     SecretScanner,
+    _der_base64_private_key,
     _der_private_key,
     _utf16_private_key,
     utf16_texts,
@@ -50,6 +51,9 @@ class Sample:
     label: str
     data: bytes
     core: str = ""  # the part a Redactor must mask (positives of text detectors)
+
+
+_B64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 
 def _rand(n: int, seed: int, alphabet: str = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789") -> str:
@@ -137,6 +141,29 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         f"{ppk_private}\nPrivate-MAC: {'ab' * 32}\n"
     )
     b64_pem = [base64.b64encode(prefix + pem).decode() for prefix in (b"", b"{", b'{"')]
+    hexd = "0123456789abcdef"
+    age = "AGE-SECRET-KEY-1" + _rand(58, 15, "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L")
+    npm = "npm_" + _rand(36, 16, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    pypi = "pypi-" + "AgEIcHlwaS5vcmc" + _rand(160, 17, _B64URL_ALPHABET)
+    vault = "hvs." + _rand(95, 18, _B64URL_ALPHABET)
+    vault_batch = "hvb." + _rand(150, 19, _B64URL_ALPHABET)
+    hf = "hf_" + _rand(34, 20, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    docker = "dckr_" + "pat_" + _rand(27, 21, _B64URL_ALPHABET)
+    sendgrid = "SG." + _rand(22, 22, _B64URL_ALPHABET) + "." + _rand(43, 23, _B64URL_ALPHABET)
+    gocspx = "GOC" + "SPX-" + _rand(28, 24, _B64URL_ALPHABET)
+    digitalocean = "dop_" + "v1_" + _rand(64, 25, hexd)
+    shopify = "shp" + "at_" + _rand(32, 26, hexd)
+    twilio = "SK" + _rand(32, 27, hexd)
+    basic = base64.b64encode(("deploy:" + password).encode()).decode()
+    ssh2_body = base64.b64encode(random.Random(28).randbytes(96)).decode()
+    ssh2 = (
+        "---- BEGIN " + "SSH2 ENCRYPTED PRIVATE KEY ----\n"
+        'Comment: "corpus"\n'
+        f"{ssh2_body[:64]}\n{ssh2_body[64:]}\n"
+        "---- END " + "SSH2 ENCRYPTED PRIVATE KEY ----\n"
+    )
+    der_b64 = {name: base64.b64encode(k[name]).decode() for name in k if name.endswith("-der")}
+    sec1_lines = k["ec-sec1-pem"].decode().splitlines()[1:-1]  # 64 columns, no PEM lines
 
     pos = [
         Sample("private-key", "pkcs1 upper case", k["rsa-pkcs1-pem"], _body_line(k["rsa-pkcs1-pem"])),
@@ -168,6 +195,28 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
             if name.endswith("-der") and "public" not in name and "cert" not in name
         ),
         Sample("private-key-der", "der inside a binary file", os.urandom(300) + k["ec-sec1-der"] + os.urandom(300)),
+        Sample("ssh2-private-key", "ssh.com export", ssh2.encode(), ssh2_body[:64]),
+        Sample("ssh2-private-key", "lower case", ssh2.lower().encode(), ssh2_body[:64].lower()),
+        Sample("private-key-der-base64", "pkcs8 rsa yaml value", f"private_key: {der_b64['rsa-pkcs8-der']}\n".encode()),
+        Sample(
+            "private-key-der-base64", "pkcs1 rsa properties", f"jwt.signing.key={der_b64['rsa-pkcs1-der']}\n".encode()
+        ),
+        Sample("private-key-der-base64", "pkcs8 ec json", json.dumps({"key": der_b64["ec-pkcs8-der"]}).encode()),
+        Sample("private-key-der-base64", "pkcs8 ed25519", f"ED25519_KEY={der_b64['ed25519-pkcs8-der']}\n".encode()),
+        Sample("private-key-der-base64", "sec1 ec", f"{der_b64['ec-sec1-der']}\n".encode()),
+        Sample(
+            "private-key-der-base64",
+            "sec1 wrapped in a yaml block",
+            ("signing:\n  key: |\n    " + "\n    ".join(sec1_lines) + "\n").encode(),
+        ),
+        Sample(
+            "private-key-der-base64", "sec1 wrapped in a json string", json.dumps({"k": "\n".join(sec1_lines)}).encode()
+        ),
+        Sample(
+            "private-key-der-base64",
+            "openssh body",
+            b"".join(k["ed25519-openssh"].splitlines()[1:-1]) + b"\n",
+        ),
         Sample("private-key-utf16", "utf-16 with bom", pem_text.encode("utf-16")),
         Sample("private-key-utf16", "utf-16-le", pem_text.encode("utf-16-le")),
         Sample("private-key-utf16", "utf-16-be", pem_text.encode("utf-16-be")),
@@ -179,6 +228,19 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("openai-key", "project key", f"OPENAI={openai}\n".encode(), openai),
         Sample("anthropic-key", "api key", f"k: {anthropic}\n".encode(), anthropic),
         Sample("google-api-key", "api key", f"{google}\n".encode(), google),
+        Sample("google-oauth-secret", "client secret", f'"client_secret": "{gocspx}"\n'.encode(), gocspx),
+        Sample("age-secret-key", "age identity", f"# created: 2026-01-01\n{age}\n".encode(), age),
+        Sample("npm-token", ".npmrc auth token", f"//registry.npmjs.org/:_authToken={npm}\n".encode(), npm),
+        Sample("npm-token", "upper case", f"NPM {npm.upper()}\n".encode(), npm.upper()),
+        Sample("pypi-token", ".pypirc password", f"[pypi]\nusername = __token__\npassword = {pypi}\n".encode(), pypi),
+        Sample("vault-token", "service token", f"VAULT_TOKEN={vault}\n".encode(), vault),
+        Sample("vault-token", "batch token", f"{vault_batch}\n".encode(), vault_batch),
+        Sample("huggingface-token", "access token", f"HF_TOKEN={hf}\n".encode(), hf),
+        Sample("dockerhub-token", "docker login", f"docker login -u corpus -p {docker}\n".encode(), docker),
+        Sample("sendgrid-key", "api key", f"SENDGRID_API_KEY='{sendgrid}'\n".encode(), sendgrid),
+        Sample("digitalocean-token", "personal token", f"DIGITALOCEAN_TOKEN={digitalocean}\n".encode(), digitalocean),
+        Sample("shopify-token", "admin token", f"X-Shopify-Access-Token: {shopify}\n".encode(), shopify),
+        Sample("twilio-key", "api key sid", f"TWILIO_API_KEY={twilio}\n".encode(), twilio),
         Sample("stripe-key", "live key", f"{stripe}\n".encode(), stripe),
         Sample("jwt", "hs256 token", f"cookie={jwt}\n".encode(), body),
         Sample("jwt", "unsigned token", f"{head}.{body}.\n".encode(), body),
@@ -230,6 +292,19 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         ),
         Sample("pgpass", "pgpass line", f"db.example.com:5432:app:appuser:{pg_password}\n".encode(), pg_password),
         Sample("pgpass", "pgpass wildcard", f"*:*:*:postgres:{pg_password}\n".encode(), pg_password),
+        Sample("http-basic-auth", "http header", f"GET / HTTP/1.1\r\nAuthorization: Basic {basic}\r\n".encode(), basic),
+        Sample(
+            "http-basic-auth",
+            "curl header, any case",
+            f"curl -H 'authorization: basic {basic}' https://api.example.com\n".encode(),
+            basic,
+        ),
+        Sample(
+            "http-basic-auth",
+            "json field",
+            json.dumps({"headers": {"Authorization": f"Basic {basic}"}}).encode(),
+            basic,
+        ),
         Sample("bearer", "authorization header", b"Authorization: Bearer abcdefghijklmnop1234\n", "abcdefghijklm"),
         Sample("airlock-run-token", "run token", f"{run_token}\n".encode(), run_token),
     ]
@@ -244,6 +319,20 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("private-key-der", "der pkcs1 public key", k["rsa-pkcs1-public-der"]),
         Sample("private-key-der", "der certificate", k["cert-der"]),
         Sample("private-key-utf16", "utf-16 certificate", k["cert-pem"].decode().encode("utf-16")),
+        Sample(
+            "ssh2-private-key",
+            "rfc 4716 public key",
+            b"---- BEGIN SSH2 PUBLIC KEY ----\nComment: corpus\nAAAAB3NzaC1yc2E\n",
+        ),
+        Sample("private-key-der-base64", "base64 certificate", f"cert: {der_b64['cert-der']}\n".encode()),
+        Sample(
+            "private-key-der-base64",
+            "certificate body without pem lines",
+            ("\n".join(k["cert-pem"].decode().splitlines()[1:-1]) + "\n").encode(),
+        ),
+        Sample("private-key-der-base64", "base64 public key", f"public_key: {der_b64['rsa-public-der']}\n".encode()),
+        Sample("private-key-der-base64", "base64 pkcs1 public key", f"{der_b64['rsa-pkcs1-public-der']}\n".encode()),
+        Sample("private-key-der-base64", "pkcs8 opening cut short", f"v={der_b64['rsa-pkcs8-der'][:36]}\n".encode()),
         Sample("aws-access-key", "too short", b"the id AKIA12345 is truncated\n"),
         Sample("github-token", "too short", b"ghp_" + b"abc123" + b"\n"),
         Sample("gitlab-token", "too short", b"prefix glpat- only\n"),
@@ -251,6 +340,33 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("openai-key", "sk- in prose", b"use a task-runner, a disk-cache and keys like sk-...\n"),
         Sample("anthropic-key", "too short", b"sk-ant-xyz\n"),
         Sample("google-api-key", "too short", b"AIza" + b"Sy12" + b"\n"),
+        Sample("google-oauth-secret", "too short", b"GOCSPX-" + b"abc123" + b"\n"),
+        Sample("age-secret-key", "too short", (age[:-3] + "\n").encode()),
+        Sample(
+            "age-secret-key",
+            "public key",
+            b"# public key: age1" + _rand(58, 29, "qpzry9x8gf2tvdw0s3jn54khce6mua7l").encode() + b"\n",
+        ),
+        Sample("npm-token", "too short", (npm[:-1] + "\n").encode()),
+        Sample("npm-token", "npm_ in code", b"npm_config_registry and npm_package_version\n"),
+        Sample("pypi-token", "too short", b"pypi-" + b"AgEIcHlwaS5vcmc" + b"abc\n"),
+        Sample("pypi-token", "prose", b"a PyPI token starts with pypi- and a base64 macaroon\n"),
+        Sample("vault-token", "too short", (vault[:60] + "\n").encode()),
+        Sample("vault-token", "batch token too short", (vault_batch[:100] + "\n").encode()),
+        Sample("huggingface-token", "hub call", b"from huggingface_hub import hf_hub_download\n"),
+        Sample("huggingface-token", "too short", (hf[:-1] + "\n").encode()),
+        Sample("dockerhub-token", "too short", (docker[:-2] + "\n").encode()),
+        Sample("dockerhub-token", "too long", (docker + "Zz9\n").encode()),
+        Sample("sendgrid-key", "wrong shape", b"SG.abc.def\n"),
+        Sample("sendgrid-key", "second part too short", (sendgrid[:-4] + "\n").encode()),
+        Sample("digitalocean-token", "too short", (digitalocean[:-1] + "\n").encode()),
+        Sample("digitalocean-token", "not hex", (digitalocean[:-1] + "z\n").encode()),
+        Sample("shopify-token", "too short", (shopify[:-1] + "\n").encode()),
+        Sample("shopify-token", "other prefix", ("shpxx_" + shopify[6:] + "\n").encode()),
+        Sample("twilio-key", "too short", (twilio[:-1] + "\n").encode()),
+        Sample("twilio-key", "longer hex run", (twilio + "a\n").encode()),
+        Sample("twilio-key", "inside a word", ("TASK" + twilio[2:] + "\n").encode()),
+        Sample("twilio-key", "placeholder", b"SK" + b"0" * 32 + b"\n"),
         Sample("stripe-key", "too short", b"sk_live_abc\n"),
         Sample("jwt", "broken payload", f"{head}.{bad_payload}.{sig}\n".encode()),
         Sample("jwt", "too short", b"eyJhbGciOi.eyJzdWIi.abc\n"),
@@ -273,6 +389,14 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("kubeconfig-credential", "ci token input", b"with:\n  token: ${{ secrets.GITHUB_TOKEN }}\n"),
         Sample("pgpass", "/etc/passwd line", b"root:x:0:0:root:/root:/bin/bash\n"),
         Sample("pgpass", "bsd passwd line", b"daemon:*:1:1:System Services:/var/root:/usr/bin/false\n"),
+        Sample("http-basic-auth", "prose", b"Authorization: Basic authentication is weak\n"),
+        Sample(
+            "http-basic-auth",
+            "no colon in the credentials",
+            f"Authorization: Basic {base64.b64encode(b'deploy-only-token').decode()}\n".encode(),
+        ),
+        Sample("http-basic-auth", "variable", b'req.Header.Set("Authorization", "Basic "+creds)\n'),
+        Sample("http-basic-auth", "not a base64 length", b"Authorization: Basic dXNlcjpwYXNzw\n"),
         Sample("bearer", "prose", b"the bearer of this letter\n"),
         Sample("airlock-run-token", "too short", b"alrt_short\n"),
     ]
@@ -389,6 +513,19 @@ def test_each_near_miss_in_utf16_is_left_alone(sample: Sample) -> None:
         assert SecretScanner(ALL).first_hit(encode(_text(sample))) is None
 
 
+@pytest.mark.parametrize("encoding", sorted(_UTF16))
+def test_a_base64_der_private_key_is_found_in_utf16(encoding: str) -> None:
+    """The base64 of a DER key is text: a UTF-16 file carries it as well (and a certificate or a
+    public key in UTF-16 is still no private key)."""
+    for s in POSITIVES:
+        if s.detector == "private-key-der-base64":
+            data = _UTF16[encoding](_text(s))
+            assert SecretScanner([s.detector]).first_hit(data) == s.detector, s.label
+    for s in NEGATIVES:
+        if s.detector == "private-key-der-base64":
+            assert SecretScanner(ALL).first_hit(_UTF16[encoding](_text(s))) is None, s.label
+
+
 def test_binaries_with_nul_bytes_are_not_read_as_utf16() -> None:
     """Only text pays for a second reading: executables, images and packed data do not look
     like UTF-16 (their NULs come in runs, or after any byte), and a buffer without a NUL is
@@ -433,6 +570,8 @@ def test_every_detector_takes_linear_time_on_a_hostile_megabyte(detector: str) -
             DETECTORS[detector].sub(MASK, text)
         elif detector == "private-key-der":
             _der_private_key(data)
+        elif detector == "private-key-der-base64":
+            _der_base64_private_key(data)
         else:
             _utf16_private_key(data)
         scanner.first_hit(data)
@@ -440,6 +579,23 @@ def test_every_detector_takes_linear_time_on_a_hostile_megabyte(detector: str) -
     # a bound, not a benchmark: backtracking on a megabyte takes minutes, linear work well under
     # a second even on a loaded machine (the CI's other tests run beside it)
     assert slowest < 5, f"{detector}: {slowest:.2f} s on a hostile 1 MB input"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\nMIIBCgIBAAK" * 100_000,  # an opening on every short line
+        (b"\nMIIBCgIBAAK" + b"A" * 30) * 25_000,  # on every line long enough to be decoded
+        (b"\\nMC4CAQAw" + b"Q" * 40) * 20_000,  # after every escaped line break of a JSON string
+        b"MIIEogIBAAKC" + b"A" * (1 << 20),  # one run of a megabyte
+    ],
+    ids=["short-lines", "long-lines", "json-escapes", "one-run"],
+)
+def test_the_base64_der_detector_reads_each_opening_a_bounded_way(data: bytes) -> None:
+    t0 = time.perf_counter()
+    _der_base64_private_key(data)
+    SecretScanner(["private-key-der-base64"]).first_hit(data)
+    assert time.perf_counter() - t0 < 5  # a bound, not a benchmark
 
 
 @pytest.mark.parametrize(
@@ -472,6 +628,8 @@ def _full_verdict(name: str, data: bytes) -> bool:
         return _der_private_key(data)
     if name == "private-key-utf16":
         return _utf16_private_key(data)
+    if name == "private-key-der-base64":  # text: in UTF-16 or UTF-32 too
+        return any(_der_base64_private_key(d) for d in [data, *(t.encode() for t in wide_texts(data))])
     texts = [data.decode("utf-8", "replace"), *wide_texts(data)]
     return any(DETECTORS[name].search(text) is not None for text in texts)
 

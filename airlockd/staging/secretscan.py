@@ -194,22 +194,9 @@ def utf32_texts(data: bytes) -> list[str]:
 
 def _looks_utf32(data: bytes) -> bool:
     """As _looks_utf16, for ASCII characters of four bytes (`a\\0\\0\\0`; big-endian from the
-    fourth byte)."""
-    if len(data) <= 8 * _SAMPLE:
-        return _utf32_window(data)
-    step = len(data) // 8
-    for lo in range(0, 8 * step, step):
-        at = data.find(b"\x00\x00\x00", lo, lo + step)
-        if at >= 0 and _utf32_window(data[max(0, at - _SAMPLE // 2) : at + _SAMPLE // 2]):
-            return True
-    return False
-
-
-def _utf32_window(window: bytes) -> bool:
-    classes = window.translate(_CLASSES)
-    chars = classes.count(b"a\x00\x00\x00")
-    runs = classes.count(b"a\x00\x00\x00a\x00\x00\x00")
-    return runs >= 4 and 6 * chars >= window.count(b"\x00") and 50 * chars >= len(window)
+    fourth byte): a window holds at least 4 runs of two, and such characters account for at least
+    half its NULs (three each) and a fiftieth of its bytes."""
+    return _looks_wide(data, b"\x00\x00\x00", 4)
 
 
 def _looks_utf16(data: bytes) -> bool:
@@ -223,21 +210,29 @@ def _looks_utf16(data: bytes) -> bool:
     little-endian integers has a printable byte before each high NUL, never two such pairs
     running). Not seen: UTF-16 big-endian text whose first NUL in each eighth is not near ASCII
     (CJK text with spaces, a token elsewhere)."""
+    return _looks_wide(data, b"\x00", 2)
+
+
+def _looks_wide(data: bytes, nuls: bytes, width: int) -> bool:
+    """Whether `data` holds text of `width`-byte units with ASCII in it (an ASCII character is
+    its byte and `nuls`), judged on the whole of a small buffer or around the first `nuls` of
+    each eighth of a larger one."""
     if len(data) <= 8 * _SAMPLE:
-        return _utf16_window(data)
+        return _wide_window(data, nuls, width)
     step = len(data) // 8
     for lo in range(0, 8 * step, step):
-        at = data.find(b"\x00", lo, lo + step)
-        if at >= 0 and _utf16_window(data[max(0, at - _SAMPLE // 2) : at + _SAMPLE // 2]):
+        at = data.find(nuls, lo, lo + step)
+        if at >= 0 and _wide_window(data[max(0, at - _SAMPLE // 2) : at + _SAMPLE // 2], nuls, width):
             return True
     return False
 
 
-def _utf16_window(window: bytes) -> bool:
+def _wide_window(window: bytes, nuls: bytes, width: int) -> bool:
     classes = window.translate(_CLASSES)
-    pairs = classes.count(b"a\x00")
-    runs = classes.count(b"a\x00a\x00")  # two ASCII characters in a row: text, not a table of ints
-    return runs >= 4 and 2 * pairs >= window.count(b"\x00") and 50 * pairs >= len(window)
+    char = b"a" + nuls
+    chars = classes.count(char)
+    runs = classes.count(char + char)  # two ASCII characters in a row: text, not a table of ints
+    return runs >= 4 and 2 * (width - 1) * chars >= window.count(b"\x00") and 50 * chars >= len(window)
 
 
 @dataclass

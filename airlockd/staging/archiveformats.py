@@ -354,6 +354,10 @@ def zip_gaps(fh: IO[bytes], infos: Iterable[zipfile.ZipInfo], start_dir: int, si
         utf8 = int.from_bytes(head[6:8], "little") & 0x800
         if raw.decode("utf-8" if utf8 else "cp437", "replace") != info.orig_filename:
             raise CorruptArchive("a zip local header names another file")
+        if int.from_bytes(head[8:10], "little") != info.compress_type:
+            # a reader of local headers decompresses by theirs (deflate where the directory says
+            # stored: the stream ends early, and what follows reads as an entry of its own)
+            raise CorruptArchive("a zip local header gives another method than the directory")
         if not int.from_bytes(head[6:8], "little") & 0x08 and not _local_agrees(head, info):
             # a reader of local headers takes the entry's end from them: data the directory
             # gives this entry past that end would be read as an entry of its own

@@ -419,6 +419,15 @@ def test_a_zip_entry_hidden_where_a_reader_of_local_headers_finds_it_is_withheld
         _directory(b"readme.txt", 8, 0x08, zlib.crc32(readme), len(deflated) + len(hidden), len(readme), body)
     )
 
+    # a local header with a data descriptor that says deflate where the directory says stored:
+    # zipfile reads one stored blob, a reader of local headers inflates the readme, then `.env`
+    flagged = _local(b"readme.txt", b"", zipfile.ZIP_DEFLATED, flags=0x08, sizes=(0, 0, 0))[:-2] + deflated
+    flagged += struct.pack("<4sIII", b"PK\x07\x08", zlib.crc32(readme), len(deflated), len(readme)) + hidden
+    blob = flagged[30 + len(b"readme.txt") :]
+    (ws / "flagged.zip").write_bytes(
+        _directory(b"readme.txt", 0, 0x08, zlib.crc32(blob), len(blob), len(blob), flagged)
+    )
+
     class Pipe(io.RawIOBase):  # unseekable: zipfile writes data descriptors
         def __init__(self) -> None:
             self.buf = b""
@@ -440,5 +449,6 @@ def test_a_zip_entry_hidden_where_a_reader_of_local_headers_finds_it_is_withheld
     assert rules == {
         "stored.zip": "archive-unscannable:corrupt",
         "deflated.zip": "archive-unscannable:inconsistent-entry",
+        "flagged.zip": "archive-unscannable:corrupt",
     }
     assert _staged(tmp_path / "out", "piped.zip")

@@ -54,15 +54,32 @@ CREDENTIAL_KEY = re.compile(
 # The keys whose values a file name must not carry: wider (the cost of a false hit is a withheld
 # file, not a masked line): any key, pass, passphrase, pw, pin, salt, dsn, cookie, session...
 NAME_KEY = re.compile(
-    r"(?i)secret|token|pass|pwd|(?:^|[^a-z])pw(?:[^a-z]|$)|key|salt|(?:^|[^a-z])pin(?:[^a-z]|$)|dsn|auth"
-    r"|credential|cookie|session|signature|bearer|cert|hmac|jwt|otp|seed|mnemonic"
+    r"(?i)secret|token|pass|pwd|(?:^|[^a-z])(?:pw|pin|pat|psk|sig)(?:[^a-z]|$)|key|salt|dsn|auth|cred"
+    r"|cookie|session|signature|bearer|cert|hmac|jwt|otp|seed|mnemonic|phrase"
 )
 NAMED_LEAST = 8  # a credential's value shorter than this is not sought in file names
 RANDOM_LEAST = 16  # nor is a generated-looking value of another key shorter than this
 # A path, not a secret: where a key or a certificate is (`SSL_CERT_FILE=/etc/ssl/cert.pem`,
 # `KEY_PATH=./keys/dev.key`, `session_dir: ~/tmp`); the file it names is judged for itself.
-_PATH_LIKE = re.compile(r"^(?:\.{0,2}/|~/)|^[\w.-]+(?:/[\w.-]+)*\.[A-Za-z]{1,5}$")
+_PATH_LIKE = re.compile(r"^(?:\.{0,2}/|~/)|^[\w.-]+(?:/[\w.-]+)+\.[A-Za-z]{1,5}$")
+# What marks a credential's value as no word: a digit or a sign beside its letters (`hunter2`,
+# `Winter2024.Prod`, `admin:pw`); `database`, `storefront`, `postgres`, `password`,
+# `correct-horse-battery` are words (a Laravel `.env` has `SESSION_DRIVER=database`, and the
+# project a `database/` folder).
+_NOT_A_WORD = re.compile(r"[A-Za-z].*(?:[0-9]|[^\w\s.-])|(?:[0-9]|[^\w\s.-]).*[A-Za-z]")
 _SEGMENTS = re.compile(r"[^-_/+=:,;@~]+")
+
+
+def _password_of(value: str) -> list[str]:
+    """The password of a `user:password` value (`CREDS=admin:hunter2`), not of a URL."""
+    user, colon, password = value.partition(":")
+    return [password] if colon and user and "/" not in value and "@" not in value else []
+
+
+def _credential_like(value: str) -> bool:
+    """Whether a value under a credential's key is sought in names: NAMED_LEAST long, and letters
+    with a digit or a sign, or generated-looking; not a word (see _NOT_A_WORD)."""
+    return len(value) >= NAMED_LEAST and (_NOT_A_WORD.search(value) is not None or looks_random(value))
 
 
 def looks_random(value: str) -> bool:
@@ -98,7 +115,8 @@ def name_values(text: str) -> list[str]:
         key, values = _keyed(line)
         if key is not None and NAME_KEY.search(key):
             values = [v for v in values if not _PATH_LIKE.search(v.strip())]  # KEY_FILE=./keys/dev.key
-            out += [p for v in values for p in (v, *_decoded(v)) if len(p.strip()) >= NAMED_LEAST]
+            parts = [p for v in values for p in (v, *_decoded(v), *_password_of(v))]
+            out += [p for p in parts if _credential_like(p.strip())]
         else:
             out += [v for v in values if looks_random(v.strip())]
     return out
@@ -116,7 +134,7 @@ def _json_credentials(text: str) -> list[str]:
     while todo:
         keyed, item = todo.pop()
         if isinstance(item, str):
-            if (keyed and len(item.strip()) >= NAMED_LEAST) or looks_random(item.strip()):
+            if (keyed and _credential_like(item.strip())) or looks_random(item.strip()):
                 out += [item, *_decoded(item)]
         elif isinstance(item, dict):
             todo += [(keyed or NAME_KEY.search(str(k)) is not None, v) for k, v in item.items()]

@@ -489,11 +489,17 @@ def test_only_credentials_and_generated_values_are_sought_in_file_names() -> Non
     )
     names = name_values(text)
     assert {"hunter2hunter", "dXNlcjpQdzlxUmV4N2Jhc2U=", "Pw9qRex7base", "sk9f8Q2mZx7Lp4VtR3"} <= set(names)
-    assert {"lettersonlypass", "rootpw123", "signing-key-value", "saltysalt", "Xk29fQ8vLmP3zR7wT1b"} <= set(names)
+    assert {"rootpw123", "Xk29fQ8vLmP3zR7wT1b"} <= set(names)
     plain = {"shop", "db01.internal", "feature-1234-login-page", "a plain sentence here", "short"}
-    assert not (plain | {"2024a-build-0001-linux", "./keys/dev.key"}) & set(names)
-    account = json.dumps({"type": "service_account", "project_id": "shop-prod-2024", "private_key_id": "k" * 40})
-    assert name_values(account) == ["k" * 40]
+    words = {"lettersonlypass", "signing-key-value", "saltysalt"}  # words under a credential's key
+    assert not (plain | words | {"2024a-build-0001-linux", "./keys/dev.key"}) & set(names)
+    # the second attack review: a Laravel `.env` and other ordinary settings withheld project folders
+    laravel = "SESSION_DRIVER=database\nKEYCLOAK_REALM=storefront\nPOSTGRES_PASSWORD=postgres\nDB_PASSWORD=password\n"
+    assert name_values(laravel) == []
+    tricky = "DB_PASSWORD=Winter2024.Prod\nCREDS=admin:hunter2hunter2\nWIFI_PSK=c0rrect-horse-battery\n"
+    assert {"Winter2024.Prod", "hunter2hunter2", "c0rrect-horse-battery"} <= set(name_values(tricky))
+    account = json.dumps({"type": "service_account", "project_id": "shop-prod-2024", "private_key_id": "9f3ac1" * 7})
+    assert name_values(account) == ["9f3ac1" * 7]
     red = Redactor()
     red.add_file_values(text)
     assert red.in_name("src/shop/db01.internal/feature-1234-login-page.md") is False

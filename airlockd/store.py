@@ -74,10 +74,11 @@ class Store:
         return sorted((RunRecord.model_validate(r) for r in rows), key=lambda r: r.created_at)
 
     def recent_withheld(self, runs: int = 10) -> list[str]:
-        """The paths the last `runs` runs' staging withheld (as recorded: masked where a name
-        carried a secret), for a process that did not stage them to read their values again."""
+        """The paths the last `runs` staged runs withheld (as recorded: masked where the path
+        held a value; withheld.learn matches those against the tree), for a process that did not
+        stage them to read their values again."""
         with self.tx() as db:
-            rows = db.table("runs").all()
+            rows = [r for r in db.table("runs").all() if r.get("withheld")]  # staged: queued, refused ones not
         rows = sorted(rows, key=lambda r: str(r.get("created_at", "")))[-runs:]
         out = {w["path"] for r in rows for w in r.get("withheld") or [] if isinstance(w, dict) and "path" in w}
         return sorted(out)

@@ -162,7 +162,16 @@ def values_text(data: bytes) -> str | None:
     if is_text(data):
         return data.decode("utf-8", "replace")
     texts = wide_texts(data)
-    return max(texts, key=_ascii_score) if texts else None
+    if texts:
+        return max(texts, key=_ascii_score)
+    # text with a few NULs in it (padding, a stray byte): read without them, when what is left is
+    # text (a keystore or other binary is not: its values are no lines to learn)
+    rest = data.replace(b"\0", b"")
+    unprintable = len(rest.translate(None, _PRINTABLE))
+    return rest.decode("utf-8", "replace") if rest and unprintable * 10 <= len(rest) else None
+
+
+_PRINTABLE = bytes([9, 10, 13, *range(0x20, 0x7F)])  # deleted: what is left is not printable ASCII
 
 
 def _ascii_score(text: str) -> int:

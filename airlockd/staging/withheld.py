@@ -9,12 +9,13 @@ Redactor's memory holds them; nothing here writes anywhere.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from airlockd.pipeline.manifest import walk
 from airlockd.policy import Level, Policy
-from airlockd.redact import Redactor
+from airlockd.redact import MASK, Redactor
 from airlockd.staging.copy import values_text
 from airlockd.staging.secretscan import SecretScanner
 
@@ -53,7 +54,7 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor,
     for d in withheld_dirs:
         targets.extend((rel_d, de.path) for rel_d, de in _files_under(workspace / d, d))
     seen = {rel for rel, _ in targets}
-    for rel in also:
+    for rel in _unmasked(workspace, also):
         if rel in seen or rel.startswith("/") or ".." in rel.split("/"):
             continue
         where = workspace / rel
@@ -77,6 +78,36 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor,
             redactor.add_file_values(text)
             read.append(rel)
     return read
+
+
+MATCHES = 64  # paths a masked record may stand for, at most
+
+
+def _unmasked(workspace: Path, paths: Iterable[str]) -> list[str]:
+    """`paths`, each recorded one that is masked (a component held a value: `[REDACTED]/deploy/x`)
+    matched against the tree, its mask any text: a component at a time, so only folders that fit
+    are listed, and at most MATCHES paths each."""
+    out: list[str] = []
+    for rel in paths:
+        if MASK not in rel:
+            out.append(rel)
+            continue
+        found = [""]
+        for part in rel.split("/"):
+            if MASK not in part:
+                found = [f"{d}/{part}" if d else part for d in found]
+                continue
+            fits = re.compile(".+".join(re.escape(p) for p in part.split(MASK)), re.DOTALL)
+            step: list[str] = []
+            for d in found:
+                try:
+                    names = os.listdir(workspace / d if d else workspace)
+                except OSError:
+                    continue
+                step += [f"{d}/{n}" if d else n for n in names if fits.fullmatch(n)]
+            found = step[:MATCHES]
+        out += found
+    return out
 
 
 def _files_under(root: Path, prefix: str) -> list[tuple[str, os.DirEntry[str]]]:

@@ -9,6 +9,7 @@ state dir, and every CLI command a person runs (plain and `--json`) never show t
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from fakesandbox import FakeSandbox, workspace
 
-from airlockd.errors import StateError
+from airlockd.errors import AdmissionRejected, StateError
 from airlockd.lsp import proposal
 from airlockd.pipeline.classify import WITHHELD_VALUE, Secret, classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
@@ -207,11 +208,21 @@ def test_values_staging_found_by_content_or_deep_are_known_to_every_later_proces
     (ws / "node_modules" / "pkg" / ".env").write_text(f"DB_PASSWORD={deep}\n")
     (ws / "config").mkdir()
     (ws / "config" / "app.yaml").write_text(f"aws_key: {aws}\ndb_password: {beside}\n")
+    # a folder named with a value of the .env: the record of what is under it is masked
+    masked = "Kw4-under-a-masked-folder-Tz6"
+    (ws / ".env").write_text("DB_PASSWORD=Zq8-withheld-value-xK31\nAPP_NAME=billingsvc\n")
+    (ws / "billingsvc" / "deploy").mkdir(parents=True)
+    (ws / "billingsvc" / "deploy" / "prod.yaml").write_text(f"aws_key: {aws}\nprod: {masked}\n")
     svc = Service(ws, sandbox=FakeSandbox(lambda staged: b""))
     rec = _run(svc)
-    assert {"node_modules/pkg/.env", "config/app.yaml"} <= {w["path"] for w in rec.withheld}
+    recorded = {w["path"] for w in rec.withheld}
+    assert {"node_modules/pkg/.env", "config/app.yaml", "[REDACTED]/deploy/prod.yaml"} <= recorded
+    for _ in range(12):  # runs that stage nothing (queued, refused) do not push the staged ones out
+        with contextlib.suppress(AdmissionRejected):
+            svc.submit("bot", "later")
     later = Service(ws, actor="cli")
-    assert later.redactor.known_in(f"x {deep} y") and later.redactor.known_in(f"x {beside} y")
+    for value in (deep, beside, masked):
+        assert later.redactor.known_in(f"x {value} y"), value
     assert deep not in later.redactor.text(f"echo {deep}")
 
 

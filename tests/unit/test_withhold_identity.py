@@ -525,6 +525,14 @@ def test_a_repository_bundle_or_pack_under_another_name_is_withheld(
 # -- values of withheld files in UTF-16 --------------------------------------------------------------
 
 
+def test_values_of_a_withheld_file_with_a_stray_nul_are_learnt(tmp_path: Path, policy: Policy) -> None:
+    ws = tmp_path / "ws"
+    write(ws, ".env", b"\0DB_PASSWORD=Nx4-after-a-stray-nul-Qe7\n")
+    red = Redactor()
+    stage(ws, tmp_path / "out", policy, Level.INTERNAL, redactor=red)
+    assert red.known_in("the agent said Nx4-after-a-stray-nul-Qe7")
+
+
 @pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
 def test_values_of_a_withheld_utf16_file_are_learnt(tmp_path: Path, policy: Policy, codec: str) -> None:
     """A `.env` written in UTF-16 (an editor on Windows, a PowerShell export): its value is

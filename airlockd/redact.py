@@ -76,25 +76,32 @@ DETECTORS: dict[str, re.Pattern[str]] = {
     "age-secret-key": re.compile(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"),
     "aws-access-key": re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"),
     "github-token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
-    "gitlab-token": re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b"),
-    "slack-token": re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"),
+    # gitleaks' GitLab rules: personal, runner, deploy, pipeline trigger, feed, SCIM, incoming
+    # mail, CI build and agent tokens
+    "gitlab-token": re.compile(r"\bgl(?:pat|rt|dt|ptt|ft|soat|imt|cbt|agent)-[A-Za-z0-9_\-]{20,}\b"),
+    # gitleaks `slack-*-token` and `slack-app-token` (xapp-)
+    "slack-token": re.compile(r"\b(?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,}\b"),
+    # gitleaks `slack-webhook-url`
+    "slack-webhook": re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/]{43,56}"),
     "openai-key": re.compile(r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}\b"),
     "anthropic-key": re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}\b"),
     "google-api-key": re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"),
     "stripe-key": re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"),
+    # a Stripe webhook's signing secret
+    "stripe-webhook-secret": re.compile(r"\bwhsec_[A-Za-z0-9]{32,}\b"),
     # gitleaks `npm-access-token` (any case, in ASCII).
     # (npm writes the prefix in lower case, an upper-cased config in upper case; gitleaks takes
     # any case, which costs a slow scan of its own)
     "npm-token": re.compile(r"\b(?:npm|NPM)_[A-Za-z0-9]{36}\b"),
     # gitleaks `pypi-upload-token` (a macaroon: its base64 opens with '\x02\x01\x08pypi.org').
-    "pypi-token": re.compile(r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}"),
+    "pypi-token": re.compile(r"pypi-AgE(?:IcHlwaS5vcmc|NdGVzdC5weXBpLm9yZw)[A-Za-z0-9_-]{50,}"),  # and TestPyPI
     # gitleaks `vault-service-token` and `vault-batch-token` (their least lengths; a longer token
     # is masked whole). The legacy `s.` + 24 form is left out: it is any word after "s.".
     "vault-token": re.compile(r"\b(?:hvs\.[A-Za-z0-9_-]{90,}|hvb\.[A-Za-z0-9_-]{138,})"),
     # gitleaks `huggingface-access-token`.
     "huggingface-token": re.compile(r"\bhf_[A-Za-z]{34}\b"),
     # Nosey Parker np.dockerhub.1 (Docker Hub personal access token).
-    "dockerhub-token": re.compile(r"\bdckr_pat_[A-Za-z0-9_-]{27}(?![A-Za-z0-9_-])"),
+    "dockerhub-token": re.compile(r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{27}(?![A-Za-z0-9_-])"),  # personal, organisation
     # gitleaks `sendgrid-api-token`, held to the key's shape: `SG.` + 22 + `.` + 43 base64url.
     "sendgrid-key": re.compile(r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"),
     # Nosey Parker np.google.2 (Google OAuth client secret, prefixed).
@@ -141,7 +148,7 @@ DETECTORS: dict[str, re.Pattern[str]] = {
     # the scheme (RFC 7617); the credentials a canonical base64 of 6 bytes or more whose text holds
     # a ':' (user:password), checked on the base64 itself at each of the 3 byte positions.
     "http-basic-auth": re.compile(
-        r"\b(?:[Aa]uthorization|AUTHORIZATION)[\"']?[ \t]*(?:[:=,]|=>)[ \t]*[\"']?(?ai:basic)[ \t]+"
+        r"\b(?:[Aa]uthorization|AUTHORIZATION)[\"']?[ \t]*(?:(?:[:=,]|=>)[ \t]*)?[\"']?(?ai:basic)[ \t]+"
         + _B64_COLON
         + _B64_VALUE
     ),

@@ -40,26 +40,29 @@ _ANCHORS: dict[str, tuple[str, bytes]] = {
     "aws-access-key": ("727795ee3eaf9378", rb"A(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA|IPA)"),
     "google-api-key": ("0427d531b30efad8", rb"AIza"),
     "age-secret-key": ("abf8b5a7c831eabf", rb"AGE-SECRET-KEY-1"),
-    "pypi-token": ("1df7e25354555fb1", rb"AgEIcHlwaS5vcmc"),  # in "pypi-AgEIcHlwaS5vcmc"; the 'A' pass
+    # in "pypi-AgEIcHlwaS5vcmc" (TestPyPI: "pypi-AgENdGVzdC5weXBpLm9yZw"); the 'A' pass
+    "pypi-token": ("548f0549441e5210", rb"AgE(?:IcHlwaS5vcmc|NdGVzdC5weXBpLm9yZw)"),
     "azure-connection-string": ("44799d1787f1c2d1", rb"AccountKey|AccessKey"),
     "github-token": ("757c4200279c3eb3", rb"gh[pousr]_|github_pat_"),
-    "gitlab-token": ("ef8b678fd2828638", rb"glpat-"),
+    "gitlab-token": ("aa6f977e13e24910", rb"gl(?:pat|rt|dt|ptt|ft|soat|imt|cbt|agent)-"),
     "openai-key": ("6e1338a1e18fd390", rb"sk-"),
     "anthropic-key": ("76071ca8c52d7c1a", rb"sk-ant-"),
     "stripe-key": ("863b156ae6772cd1", rb"k_(?:live|test)_"),
+    "stripe-webhook-secret": ("1ebd260a25783d1b", rb"whsec_"),
     "shopify-token": ("cbd69c3624b44e06", rb"shp(?:at|ca|pa|ss)_"),
     "sendgrid-key": ("3de13be719f8c8a1", rb"SG\."),
     "twilio-key": ("7fe931898fc56aa4", rb"SK[0-9a-fA-F]{32}"),
     "google-oauth-secret": ("713e49680abd656c", rb"SPX-"),  # in "GOCSPX-"; shares the 'S' pass
     "vault-token": ("d9789a51838266d3", rb"hv[sb]\."),
     "huggingface-token": ("4182014396011810", rb"hf_[A-Za-z]{34}"),
-    "dockerhub-token": ("0fcf57d52afe2e0f", rb"dckr_pat_"),
+    "dockerhub-token": ("4e9f93fd1c21d6b0", rb"dckr_"),
     "digitalocean-token": ("5ef55bfd23ba33d1", rb"do[opr]_v1_"),
     "npm-token": ("c4123c58826f1813", rb"npm_|NPM_"),
     # the header's name as it is written (Authorization, authorization, AUTHORIZATION): literals,
     # where one class per letter made a scan of its own 20 times slower than the others
-    "http-basic-auth": ("88333326ff51d45f", rb"uthorization|UTHORIZATION"),
-    "slack-token": ("9543435bd5c8c847", rb"xox[abposr]-"),
+    "http-basic-auth": ("bfbd232db90c9542", rb"uthorization|UTHORIZATION"),
+    "slack-token": ("8f8f54641dbaa767", rb"xox[abposr]-|xapp-"),
+    "slack-webhook": ("4de5c9bf2e2b38c2", rb"hooks\.slack\.com/"),
     "kubeconfig-credential": ("645549db45d33a37", rb"ser:"),  # in "user:"; shares the 's' pass
     "jwt": ("9d5e853d31750eb6", rb"eyJ"),
     # the whole pattern as bytes: a search for it is as cheap as one for '://'

@@ -155,6 +155,12 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
     shopify = "shp" + "at_" + _rand(32, 26, hexd)
     twilio = "SK" + _rand(32, 27, hexd)
     basic = base64.b64encode(("deploy:" + password).encode()).decode()
+    glrt = "glrt-" + _rand(24, 31)
+    xapp = "xapp-" + "1-A0123456789-" + _rand(20, 32, hexd)
+    webhook = "hooks.slack.com/services/" + "T0" + _rand(8, 33) + "/B0" + _rand(8, 34) + "/" + _rand(24, 35)
+    whsec = "whsec_" + _rand(32, 36)
+    testpypi = "pypi-" + "AgENdGVzdC5weXBpLm9yZw" + _rand(120, 37, _B64URL_ALPHABET)
+    docker_org = "dckr_" + "oat_" + _rand(27, 38, _B64URL_ALPHABET)
     ssh2_body = base64.b64encode(random.Random(28).randbytes(96)).decode()
     ssh2 = (
         "---- BEGIN " + "SSH2 ENCRYPTED PRIVATE KEY ----\n"
@@ -224,7 +230,19 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("aws-access-key", "access key id", f"key = {aws}\n".encode(), aws),
         Sample("github-token", "classic token", f"token: {gh}\n".encode(), gh),
         Sample("gitlab-token", "personal token", f"{glpat}\n".encode(), glpat),
+        Sample("gitlab-token", "runner token", f"token = {glrt!r}\n".encode(), glrt),
         Sample("slack-token", "bot token", f"{slack}\n".encode(), slack),
+        Sample("slack-token", "app-level token", f"SLACK_APP_TOKEN={xapp}\n".encode(), xapp),
+        Sample("slack-webhook", "webhook url", f"url: https://{webhook}\n".encode(), webhook),
+        Sample("stripe-webhook-secret", "signing secret", f"STRIPE_WEBHOOK_SECRET={whsec}\n".encode(), whsec),
+        Sample("pypi-token", "testpypi token", f"password = {testpypi}\n".encode(), testpypi),
+        Sample("dockerhub-token", "organisation token", f"{docker_org}\n".encode(), docker_org),
+        Sample(
+            "http-basic-auth",
+            "nginx header",
+            f'proxy_set_header Authorization "Basic {basic}";\n'.encode(),
+            basic,
+        ),
         Sample("openai-key", "project key", f"OPENAI={openai}\n".encode(), openai),
         Sample("anthropic-key", "api key", f"k: {anthropic}\n".encode(), anthropic),
         Sample("google-api-key", "api key", f"{google}\n".encode(), google),
@@ -337,6 +355,8 @@ def _corpus() -> tuple[list[Sample], list[Sample]]:
         Sample("github-token", "too short", b"ghp_" + b"abc123" + b"\n"),
         Sample("gitlab-token", "too short", b"prefix glpat- only\n"),
         Sample("slack-token", "too short", b"xoxb-123\n"),
+        Sample("slack-webhook", "the docs' address", b"see https://hooks.slack.com/services/ for how\n"),
+        Sample("stripe-webhook-secret", "too short", b"whsec_abc123\n"),
         Sample("openai-key", "sk- in prose", b"use a task-runner, a disk-cache and keys like sk-...\n"),
         Sample("anthropic-key", "too short", b"sk-ant-xyz\n"),
         Sample("google-api-key", "too short", b"AIza" + b"Sy12" + b"\n"),

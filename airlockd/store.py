@@ -43,6 +43,12 @@ class _SnapshotStorage(Storage):
             atomic_write_bytes(self._path, json.dumps(self._data, separators=(",", ":")).encode())
 
 
+# Withheld for what they are, not what they hold: a repository's history (git's own files, hook
+# samples: their lines are no values, and "delete" masked every "deleted" after), a link that
+# leads out of the workspace.
+NOT_READ = frozenset({"git-history", "symlink-escape"})
+
+
 class Store:
     def __init__(self, state: StateDir) -> None:
         self.state = state
@@ -80,7 +86,12 @@ class Store:
         with self.tx() as db:
             rows = [r for r in db.table("runs").all() if r.get("withheld")]  # staged: queued, refused ones not
         rows = sorted(rows, key=lambda r: str(r.get("created_at", "")))[-runs:]
-        out = {w["path"] for r in rows for w in r.get("withheld") or [] if isinstance(w, dict) and "path" in w}
+        out = {
+            w["path"]
+            for r in rows
+            for w in r.get("withheld") or []
+            if isinstance(w, dict) and "path" in w and w.get("rule") not in NOT_READ
+        }
         return sorted(out)
 
     def update_run(self, run_id: str, fn: Callable[[RunRecord], None]) -> RunRecord:

@@ -17,6 +17,7 @@ from airlockd.pipeline.manifest import walk
 from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
 from airlockd.staging.copy import values_text
+from airlockd.staging.githead import is_git_entry
 from airlockd.staging.secretscan import SecretScanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them
@@ -55,8 +56,9 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor,
         targets.extend((rel_d, de.path) for rel_d, de in _files_under(workspace / d, d))
     seen = {rel for rel, _ in targets}
     for rel in _unmasked(workspace, also):
-        if rel in seen or rel.startswith("/") or ".." in rel.split("/"):
-            continue
+        parts = rel.split("/")
+        if rel in seen or rel.startswith("/") or ".." in parts or any(is_git_entry(p) for p in parts):
+            continue  # history is never read (its lines are no values)
         where = workspace / rel
         if where.is_dir() and not where.is_symlink():
             targets.extend((rel_d, de.path) for rel_d, de in _files_under(where, rel))
@@ -112,6 +114,10 @@ def _unmasked(workspace: Path, paths: Iterable[str]) -> list[str]:
 
 def _files_under(root: Path, prefix: str) -> list[tuple[str, os.DirEntry[str]]]:
     try:
-        return [(f"{prefix}/{rel}", de) for rel, de in walk(root) if de.is_file(follow_symlinks=False)]
+        return [
+            (f"{prefix}/{rel}", de)
+            for rel, de in walk(root, lambda rel, is_dir: is_dir and is_git_entry(os.path.basename(rel)))
+            if de.is_file(follow_symlinks=False)
+        ]
     except OSError:
         return []

@@ -213,9 +213,11 @@ def test_values_staging_found_by_content_or_deep_are_known_to_every_later_proces
     (ws / ".env").write_text("DB_PASSWORD=Zq8-withheld-value-xK31\nAPP_NAME=billingsvc\n")
     (ws / "billingsvc" / "deploy").mkdir(parents=True)
     (ws / "billingsvc" / "deploy" / "prod.yaml").write_text(f"aws_key: {aws}\nprod: {masked}\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)  # history: withheld, never read for values
     svc = Service(ws, sandbox=FakeSandbox(lambda staged: b""))
     rec = _run(svc)
     recorded = {w["path"] for w in rec.withheld}
+    assert ".git" in recorded
     assert {"node_modules/pkg/.env", "config/app.yaml", "[REDACTED]/deploy/prod.yaml"} <= recorded
     for _ in range(12):  # runs that stage nothing (queued, refused) do not push the staged ones out
         with contextlib.suppress(AdmissionRejected):
@@ -224,6 +226,8 @@ def test_values_staging_found_by_content_or_deep_are_known_to_every_later_proces
     for value in (deep, beside, masked):
         assert later.redactor.known_in(f"x {value} y"), value
     assert deep not in later.redactor.text(f"echo {deep}")
+    # git's hook samples are no values: "delete" from them masked every "deleted" (CI found it)
+    assert later.redactor.text("the file was deleted") == "the file was deleted"
 
 
 def test_the_editors_proposal_passes_the_redactor(tmp_path: Path) -> None:

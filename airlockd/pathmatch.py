@@ -22,6 +22,13 @@ import pathspec
 _ANY_DEPTH = "^(?:.+/)?"
 
 
+def gitignore_spec(lines: Iterable[str]) -> pathspec.PathSpec:
+    """pathspec's gitignore matcher of `lines` on its `re` backend: its default picks the "best"
+    one installed, and with Hyperscan present (staging/secretscan.py) that one compiles each spec
+    for tens of milliseconds, where specs here are small, many and short-lived."""
+    return pathspec.PathSpec.from_lines("gitignore", lines, backend="simple")
+
+
 def _regex(pattern: object, text: str, anywhere: bool) -> re.Pattern[str] | None:
     regex = getattr(pattern, "regex", None)
     if not isinstance(regex, re.Pattern) or not isinstance(regex.pattern, str):
@@ -42,7 +49,7 @@ class AnyPattern:
         texts = [p for p in patterns if not p.lstrip().startswith("!") and p.strip()]
         self.patterns: list[tuple[str, re.Pattern[str]]] = []
         for text in texts:
-            for pat in pathspec.PathSpec.from_lines("gitignore", [text]).patterns:
+            for pat in gitignore_spec([text]).patterns:
                 if not getattr(pat, "include", None):
                     continue
                 rx = _regex(pat, text, anywhere)

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from airlockd.errors import PolicyError
-from airlockd.pathmatch import AnyPattern, withhold_matcher
+from airlockd.pathmatch import AnyPattern, gitignore_spec, withhold_matcher
 from airlockd.resources import resource
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _check_patterns(patterns: list[str]) -> list[str]:
         if not p.strip():
             raise ValueError("empty pattern; remove it")
         try:
-            pathspec.PathSpec.from_lines("gitignore", [p])
+            gitignore_spec([p])
         except Exception as exc:  # pathspec raises several types for a bad pattern
             raise ValueError(f"{p!r} is not a gitignore-style pattern: {exc}") from exc
     return patterns
@@ -368,7 +368,7 @@ class Policy(_Model):
 
     @cached_property
     def protected_spec(self) -> pathspec.PathSpec:
-        return pathspec.PathSpec.from_lines("gitignore", self.defaults.protected_files)
+        return gitignore_spec(self.defaults.protected_files)
 
     @cached_property
     def label_specs(self) -> list[tuple[AnyPattern, Level]]:
@@ -377,7 +377,7 @@ class Policy(_Model):
 
     @cached_property
     def rule_specs(self) -> list[tuple[pathspec.PathSpec, Rule]]:
-        return [(pathspec.PathSpec.from_lines("gitignore", r.match), r) for r in self.rules]
+        return [(gitignore_spec(r.match), r) for r in self.rules]
 
     def label_of(self, path: str) -> Level:
         """The highest label any pattern gives `path`; unlabelled files are internal."""

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import os
+import platform
 import random
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airlockd.policy import Level, Policy, load_policy
+from airlockd.policy import CustomDetector, Level, Policy, load_policy
 from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, Redactor, known_detectors
 from airlockd.staging import copy as staging
 from airlockd.staging.copy import stage
@@ -671,10 +672,27 @@ _buffer = st.lists(st.one_of(_fragment, st.sampled_from(_FRAGMENTS), _filler), m
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_buffer)
 def test_scanner_verdict_equals_the_full_regex_verdict(data: bytes) -> None:
+    """With Hyperscan's one pass saying which groups to search, and with `re` searching them all."""
     full = {name for name in ALL if _full_verdict(name, data)}
-    for name in ALL:
-        assert (SecretScanner([name]).first_hit(data) == name) == (name in full), name
-    assert (SecretScanner(ALL).first_hit(data) is not None) == bool(full)
+    for prefilter in (True, False):
+        for name in ALL:
+            assert (SecretScanner([name], prefilter=prefilter).first_hit(data) == name) == (name in full), name
+        assert (SecretScanner(ALL, prefilter=prefilter).first_hit(data) is not None) == bool(full)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="Hyperscan's wheel is for x86-64 (pyproject.toml)")
+def test_every_anchor_is_prefiltered_in_one_pass() -> None:
+    """Where the project installs Hyperscan, every group of the default detectors and of a custom
+    one (a prefix, or keywords in any case) is in its one pass: none falls back to `re` alone."""
+    custom = [
+        CustomDetector(name="corp", regex=r"corp_[a-z0-9]{20}").detector,
+        CustomDetector(name="kw", regex=r"(?i)tok(en)?=[a-z0-9]{20}", keywords=["TOKEN"]).detector,
+    ]
+    scanner = SecretScanner(ALL, custom)
+    assert scanner.prefilter is not None
+    assert scanner.first_hit(b"x = corp_" + b"a1" * 10) == "corp"
+    assert scanner.first_hit(b"x Token=" + b"a1" * 10) == "kw"
+    assert scanner.first_hit(b"x = corp_ token" + bytes(range(256)) * 100) is None
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

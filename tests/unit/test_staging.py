@@ -586,6 +586,7 @@ def test_the_fast_pattern_matcher_agrees_with_pathspec(parts: list[str], is_dir:
 
     path = "/".join(parts) + ("/" if is_dir else "")
     path = "".join(ch.upper() if up else ch for ch, up in zip(path, upper * 4, strict=False))
-    assert AnyPattern(PATTERNS)(path) == pathspec.PathSpec.from_lines("gitignore", PATTERNS).match_file(path.lower())
-    deep = pathspec.PathSpec.from_lines("gitignore", [_anywhere(p) for p in PATTERNS])
+    plain = pathspec.PathSpec.from_lines("gitignore", PATTERNS, backend="simple")
+    assert AnyPattern(PATTERNS)(path) == plain.match_file(path.lower())
+    deep = pathspec.PathSpec.from_lines("gitignore", [_anywhere(p) for p in PATTERNS], backend="simple")
     assert withhold_matcher(PATTERNS)(path) == deep.match_file(path.lower())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import tempfile
 import uuid
@@ -140,6 +141,17 @@ def run_checks(workspace: Path) -> list[Check]:
         return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
 
     checks.append(_check("workspace growth cap", growth_cap, "run airlockd as root so it can mount capped filesystems"))
+
+    def detectors() -> str:
+        from airlockd.staging import secretscan
+
+        if secretscan.hyperscan is not None:
+            return "Hyperscan: one pass over each file says which of the detectors' anchors occur"
+        if platform.machine() == "x86_64":  # a dependency there (pyproject.toml): a broken install
+            raise RuntimeError("Hyperscan does not import: each group of detector anchors is a pass of its own")
+        return f"re alone (no Hyperscan wheel for {platform.machine()}): each group of anchors is a pass of its own"
+
+    checks.append(_check("secret detectors", detectors, "make setup (it installs hyperscan with the other packages)"))
 
     def user() -> str:
         return (

@@ -35,3 +35,26 @@ def test_an_exhausted_watch_limit_says_what_to_do(tmp_path: Path, monkeypatch: p
     events = next(c for c in doctor.run_checks(tmp_path / "ws") if c["name"] == "file events")
     assert not events["ok"]
     assert "max_user_watches" in events["detail"] + events["fix"]
+
+
+def test_the_detectors_prefilter_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Hyperscan is a dependency (x86-64), its absence is a broken install and a failure;
+    elsewhere `re` alone is the way it works, and is said."""
+    import platform
+
+    from airlockd.staging import secretscan
+
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "ws").mkdir()
+
+    def check() -> dict[str, object]:
+        return next(c for c in doctor.run_checks(tmp_path / "ws") if c["name"] == "secret detectors")
+
+    if platform.machine() == "x86_64":
+        assert check()["ok"] and "Hyperscan" in str(check()["detail"])
+    monkeypatch.setattr(secretscan, "hyperscan", None)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    missing = check()
+    assert not missing["ok"] and "make setup" in str(missing["fix"])
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    assert check()["ok"] and "riscv64" in str(check()["detail"])

@@ -14,8 +14,9 @@ from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging import capfs, overlay, stagers
 from airlockd.staging.base import Base
-from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.mirror import Mirror
+from airlockd.staging.readback import inspect
+from airlockd.staging.records import StageResult, StagingError
 from airlockd.staging.runbase import ManifestBase
 
 MOUNTED: dict[str, Path] = {}  # merged mount point -> its upper layer

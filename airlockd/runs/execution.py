@@ -22,8 +22,8 @@ from airlockd.runs.containment import RunMonitor
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import StageRequest
-from airlockd.staging.copy import StageResult, Withheld
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
+from airlockd.staging.records import StageResult, Withheld
 
 if TYPE_CHECKING:
     from airlockd.runs.service import Progress, Service

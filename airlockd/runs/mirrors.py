@@ -20,9 +20,9 @@ from airlockd.policy import Level, load_policy
 from airlockd.runs.execution import mirror_owner
 from airlockd.runs.service import Service
 from airlockd.staging import stagers
-from airlockd.staging.copy import StagingError
 from airlockd.staging.keeper import WALK_EVERY_S
 from airlockd.staging.mirror import mirror_for
+from airlockd.staging.records import StagingError
 from airlockd.state import StateDir
 from airlockd.store import Store
 

@@ -40,7 +40,7 @@ def classify_labels(
         return
     from airlockd.pipeline.manifest import Kind
     from airlockd.policy import Level
-    from airlockd.staging.copy import Withheld
+    from airlockd.staging.records import Withheld
 
     clearance = svc.policy.clearance_for(rec.agent)
     asked = 0

@@ -16,7 +16,7 @@ from airlockd.pipeline.manifest import ChangeSet, Entry
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging.bounds import ChangeBounds
-from airlockd.staging.copy import StageResult
+from airlockd.staging.records import StageResult
 
 if TYPE_CHECKING:
     from airlockd.staging.mirror import MirrorView

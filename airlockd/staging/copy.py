@@ -1,215 +1,52 @@
-"""Stage and inspect: the private copy of the live workspace one run works on.
+"""Stage: the private copy of the live workspace one run works on.
 
 `stage` copies the workspace into a fresh directory, leaving withheld files *absent* (not hidden)
 and recording the base manifest while it copies: each file is read once, and that one buffer is
-hashed, scanned for secrets and written. `inspect` rescans the copy after the agent ran and diffs
-it against that base; it recomputes every hash from the filesystem and trusts nobody's account.
+hashed, scanned for secrets and written. What it records, and the rules it names, are
+staging/records.py; reading the copy back after the agent ran is staging/readback.py.
 
-Both walk with directory file descriptors (`openat` and friends, `O_NOFOLLOW` everywhere), so a
+The walk uses directory file descriptors (`openat` and friends, `O_NOFOLLOW` everywhere), so a
 symlink is never followed, a directory swapped for a link mid-walk is never entered, and path
 length never limits depth.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from airlockd.errors import AirlockError
-from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, diff, kind_of
+from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging.archiveformats import sniff
 from airlockd.staging.archives import MIN_IDENTITY as MIN_SOLID
 from airlockd.staging.archives import ArchiveScan, ArchiveScanner
-from airlockd.staging.bounds import ChangeBounds, Tally
-from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, entry_at, open_dir, read_all, walk_fds, write_all
+from airlockd.staging.fdtree import CHUNK, O_DIR, O_DST, O_SRC, open_dir, read_all, walk_fds, write_all
 from airlockd.staging.gitcopy import RULE as GIT_RULE
 from airlockd.staging.gitcopy import git_data, is_git_dir, is_git_entry
-from airlockd.staging.secretscan import SecretScanner, wide_texts
+from airlockd.staging.records import (
+    IN_NAME,
+    VALUE_IN_NAME,
+    Ident,
+    StageResult,
+    StagingError,
+    Withheld,
+    identity_of,
+    link_escapes,
+    os_rule,
+    special_rule,
+    values_text,
+)
+from airlockd.staging.secretscan import SecretScanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
-MAX_LINK_HOPS = 40  # like the kernel's ELOOP limit
 _PROGRESS_EVERY = 512
-IN_NAME = "detector-in-name:"  # a content detector fired on the path itself
-VALUE_IN_NAME = IN_NAME + "withheld-value"  # the path carries a withheld file's credential
-HARDLINK = "hardlink-of-withheld"
-COPY = "copy-of-withheld"
 _O_COPY = (O_DST & ~os.O_WRONLY) | os.O_RDWR  # a streamed copy is read back (archives)
 _PLAIN = Redactor()  # the detectors' patterns, for a walk given no redactor
-
-
-class StagingError(AirlockError):
-    """The staging copy could not be made or read; nothing partial is used."""
-
-    kind = "staging"
-
-
-@dataclass(frozen=True)
-class Withheld:
-    """A path kept out of the copy (or skipped) and the rule that did it, e.g. "withhold:.env",
-    "detector:private-key", "label:secret>internal", "symlink-escape", "special-file:fifo"."""
-
-    path: str
-    rule: str
-
-
-@dataclass(frozen=True)
-class Ident:
-    """What identifies one file withheld by its path (pattern, label, name): its node and,
-    unless trivial, its content's SHA-256. `top` is the withheld record it falls under (itself,
-    or a withheld directory), `path` the file; both as recorded (masked when a name carries a
-    secret)."""
-
-    top: str
-    path: str
-    node: tuple[int, int]  # st_dev, st_ino
-    sha256: str | None
-    # size, mtime_ns, ctime_ns of a file with other links: one outside the workspace can change
-    # it with no event inside (the keeper stats these at every refresh: keeper.linked_moved)
-    stamp: tuple[int, int, int] | None = None
-
-    def row(self) -> list[object]:
-        return [self.top, self.path, *self.node, self.sha256, *(self.stamp or ())]
-
-    @classmethod
-    def from_row(cls, row: list[object]) -> Ident:
-        top, path, dev, ino, sha, *stamp = row
-        return cls(
-            str(top),
-            str(path),
-            (int(str(dev)), int(str(ino))),
-            None if sha is None else str(sha),
-            (int(str(stamp[0])), int(str(stamp[1])), int(str(stamp[2]))) if len(stamp) == 3 else None,
-        )
-
-
-@dataclass
-class StageResult:
-    """What `stage` made: the manifest of the copy (directories included), what it kept out
-    (`withheld`) or could not copy (`skipped`), how many regular files and bytes it wrote, and
-    the identities of the files withheld by path (`ids`), which keep their copies out too."""
-
-    base: Manifest
-    withheld: list[Withheld] = field(default_factory=list)
-    skipped: list[Withheld] = field(default_factory=list)
-    files: int = 0
-    bytes: int = 0
-    ids: list[Ident] = field(default_factory=list)
-
-
-def is_identity_rule(rule: str | None) -> bool:
-    """Whether a verdict rests on other files (a copy or link of a withheld one): it is judged
-    again at every walk, never taken from a cache."""
-    return rule is not None and (rule in (HARDLINK, COPY) or (rule.startswith("archive:") and rule.endswith(COPY)))
-
-
-def identity_rule(
-    entry: Entry, node: tuple[int, int] | None, members: dict[str, str] | None, ids: Iterable[Ident]
-) -> str | None:
-    """Why a staged file must go because of the withheld files `ids`: a hard link of one, a
-    copy of one's content, or an archive holding one's content; None when none of these."""
-    shas = {i.sha256 for i in ids if i.sha256}
-    nodes = {i.node for i in ids}
-    return _identity(entry, node, members, shas, nodes)
-
-
-def _identity(
-    entry: Entry,
-    node: tuple[int, int] | None,
-    members: dict[str, str] | None,
-    shas: Collection[str],
-    nodes: Collection[tuple[int, int]],
-) -> str | None:
-    if entry.kind is not Kind.FILE:
-        return None
-    if node is not None and node in nodes:
-        return HARDLINK
-    if entry.sha256 in shas:
-        return COPY
-    for sha, member in (members or {}).items():
-        if sha in shas:
-            return f"archive:{member}:{COPY}"
-    return None
-
-
-def _special(mode: int) -> str:
-    return f"special-file:{kind_of(mode).value}"
-
-
-def os_rule(exc: OSError) -> str:
-    if exc.errno == errno.ENOENT:
-        return "vanished"
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return "raced"  # replaced by a link or a non-directory between listing and opening
-    return f"unreadable:{errno.errorcode.get(exc.errno or 0, exc.errno)}"
-
-
-def is_text(data: bytes) -> bool:
-    return b"\0" not in data[:8192]
-
-
-def values_text(data: bytes) -> str | None:
-    """What a withheld file says, for the redactor to learn its values: UTF-8 text, or UTF-16 or
-    UTF-32 text (a PowerShell script, a .reg export: read in the byte order and alignment that
-    gives the most ASCII characters; the wrong ones read as CJK or garbage); None otherwise."""
-    if is_text(data):
-        return data.decode("utf-8", "replace")
-    texts = wide_texts(data)
-    if texts:
-        return max(texts, key=_ascii_score)
-    # text with a few NULs in it (padding, a stray byte): read without them, when what is left is
-    # text (a keystore or other binary is not: its values are no lines to learn)
-    rest = data.replace(b"\0", b"")
-    unprintable = len(rest.translate(None, _PRINTABLE))
-    return rest.decode("utf-8", "replace") if rest and unprintable * 10 <= len(rest) else None
-
-
-_PRINTABLE = bytes([9, 10, 13, *range(0x20, 0x7F)])  # deleted: what is left is not printable ASCII
-
-
-def _ascii_score(text: str) -> int:
-    """ASCII characters other than NUL, less the NULs (UTF-32 read as UTF-16 has a NUL each)."""
-    ascii_ = text.encode("ascii", "ignore")
-    nuls = ascii_.count(0)
-    return len(ascii_) - 2 * nuls
-
-
-def link_escapes(link: str, target: str, tree: Manifest) -> bool:
-    """Whether symlink `link` (a relative path in `tree`) with `target` can resolve outside the
-    tree's root. Absolute targets escape. Components that are links in `tree` are followed (with
-    the kernel's hop limit); missing ones are taken lexically, so a `..` that would climb above the
-    root counts as escaping. Pure: reads `tree`, never the filesystem."""
-    if not target or target.startswith("/"):
-        return True
-    cur = link.split("/")[:-1]
-    todo = target.split("/")[::-1]
-    hops = 0
-    while todo:
-        part = todo.pop()
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not cur:
-                return True
-            cur.pop()
-            continue
-        cur.append(part)
-        entry = tree.get("/".join(cur))
-        if entry is not None and entry.kind is Kind.SYMLINK:
-            hops += 1
-            sub = entry.target or ""
-            if hops > MAX_LINK_HOPS or not sub or sub.startswith("/"):
-                return True
-            cur.pop()
-            todo.extend(sub.split("/")[::-1])
-    return False
 
 
 class StagingWalk:
@@ -431,7 +268,7 @@ class StagingWalk:
                     else:
                         self._withhold(self._shown(rel, rule), rule)
                 else:
-                    self._skip(rel, _special(de.stat(follow_symlinks=False).st_mode))
+                    self._skip(rel, special_rule(de.stat(follow_symlinks=False).st_mode))
             except FileNotFoundError:
                 self._skip(rel, "vanished")
         return subdirs
@@ -561,7 +398,7 @@ class StagingWalk:
                 self._skip(rel, os_rule(exc))
                 return
             if not stat.S_ISREG(st.st_mode):
-                self._skip(rel, "raced" if stat.S_ISDIR(st.st_mode) else _special(st.st_mode))
+                self._skip(rel, "raced" if stat.S_ISDIR(st.st_mode) else special_rule(st.st_mode))
                 return
             if not whole:
                 self._stream(fd, dst, name, rel, st)
@@ -656,7 +493,9 @@ class StagingWalk:
         base = self.result.base
         for rel in list(staged):
             entry = base.get(rel)
-            rule = None if entry is None else _identity(entry, self.linked.get(rel), self.members.get(rel), shas, nodes)
+            if entry is None:
+                continue
+            rule = identity_of(entry, self.linked.get(rel), self.members.get(rel), shas, nodes)
             if rule is not None:
                 self.unstage(dst_root, rel, rule)
 
@@ -800,44 +639,3 @@ def stage(
     finally:
         os.close(src_root)
     return stager.result
-
-
-def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
-    """Manifest of everything under `root`, every hash computed now from the bytes on disk.
-
-    Never follows a symlink and never opens a fifo or device. A node that vanishes during the scan
-    is left out; one that cannot be read raises `StagingError` (an unreadable corner is never
-    silently taken for an unchanged one)."""
-    out: Manifest = {}
-    try:
-        root_fd = os.open(root, O_DIR)
-        try:
-            for fd, rel, de in walk_fds(root_fd):
-                try:
-                    st = de.stat(follow_symlinks=False)
-                    if tally is not None:
-                        tally.count(rel, st)
-                    out[rel] = entry_at(fd, de.name, st)
-                except FileNotFoundError:
-                    continue
-        finally:
-            os.close(root_fd)
-    except OSError as exc:
-        raise StagingError(
-            f"cannot read {exc.filename or root} in the staging copy {root}: {exc.strerror}",
-            hint="the agent may have changed permissions; the run cannot be inspected",
-        ) from None
-    return out
-
-
-def inspect(staging: Path, base: Manifest, bounds: ChangeBounds | None = None) -> ChangeSet:
-    """The changes from `base` to what is on disk in `staging` now.
-
-    Rescans and rehashes the whole copy; never trusts a hash, a list of changes or anything else
-    the agent says. With `bounds`, the agent's allowance is counted on top of the base's own
-    entries and bytes (staging/bounds.py)."""
-    tally = None
-    if bounds is not None:
-        base_bytes = sum(e.size for e in base.values() if e.kind is Kind.FILE)
-        tally = Tally(bounds, base.__contains__, base_entries=len(base), base_bytes=base_bytes)
-    return diff(base, scan_tree(staging, tally))

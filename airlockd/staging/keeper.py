@@ -38,9 +38,9 @@ from pathlib import Path
 from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
 from airlockd.staging import gitcopy
-from airlockd.staging.copy import Ident
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
 from airlockd.staging.mirrorstager import RefreshStats, dump
+from airlockd.staging.records import Ident
 from airlockd.staging.relist import Inconsistent, Incremental, KeptState, apply, live_tree_nodes, specials_of
 from airlockd.staging.treedigest import TreeDigest
 from airlockd.staging.watcher import Changes, TreeWatcher, WatchUnavailable

@@ -41,7 +41,6 @@ from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
 from airlockd.staging import gitcopy
-from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld
 from airlockd.staging.fdtree import O_DIR
 from airlockd.staging.mirrorstager import (
     FORMAT,
@@ -54,6 +53,7 @@ from airlockd.staging.mirrorstager import (
 )
 from airlockd.staging.mirrorstager import dump as dump_cache
 from airlockd.staging.mirrorstager import load as load_cache_bytes
+from airlockd.staging.records import Ident, StageResult, StagingError, Withheld
 
 __all__ = ["Cached", "Mirror", "MirrorView", "RefreshStats", "mirror_for", "policy_digest"]
 

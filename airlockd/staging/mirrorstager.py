@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.staging.copy import READ_WHOLE, StageResult, StagingError, StagingWalk, is_identity_rule, os_rule
+from airlockd.staging.copy import READ_WHOLE, StagingWalk
 from airlockd.staging.fdtree import CHUNK, O_DIR, O_SRC, read_all, write_all
+from airlockd.staging.records import StageResult, StagingError, is_identity_rule, os_rule
 
 FORMAT = 7  # bump when the cache layout or a staging decision changes: every mirror is rebuilt
 _O_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

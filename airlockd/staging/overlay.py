@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Manifest, diff
 from airlockd.staging.bounds import ChangeBounds, Tally
-from airlockd.staging.copy import StagingError
 from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
+from airlockd.staging.records import StagingError
 
 if TYPE_CHECKING:
     from airlockd.staging.base import Base

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind, Manifest, entry_for
-from airlockd.staging.copy import Ident, StageResult, StagingError, Withheld, link_escapes, values_text
 from airlockd.staging.fdtree import O_DIR, open_dir
 from airlockd.staging.gitcopy import DOTGIT as GIT
 from airlockd.staging.mirrorstager import Cached, MirrorStager, RefreshStats, log_line, refresh_failed
+from airlockd.staging.records import Ident, StageResult, StagingError, Withheld, link_escapes, values_text
 from airlockd.staging.treedigest import TreeDigest
 from airlockd.staging.watcher import Changes
 

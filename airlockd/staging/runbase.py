@@ -13,8 +13,8 @@ from pathlib import Path
 
 from airlockd.pipeline.classify import fold
 from airlockd.pipeline.manifest import Entry, Kind, Manifest
-from airlockd.staging.copy import StagingError
 from airlockd.staging.fdtree import O_DIR, entry_at, open_dir, walk_fds
+from airlockd.staging.records import StagingError
 
 
 def _folds(paths: Iterable[str]) -> set[str]:

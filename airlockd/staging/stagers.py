@@ -31,9 +31,10 @@ from airlockd.pipeline.manifest import ChangeSet, Kind, Manifest, load_manifest,
 from airlockd.staging import capfs, gitcopy, overlay
 from airlockd.staging.base import Base, Staged, Stager, StageRequest
 from airlockd.staging.bounds import ChangeBounds
-from airlockd.staging.copy import StageResult, StagingError, inspect
 from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import Mirror, MirrorView
+from airlockd.staging.readback import inspect
+from airlockd.staging.records import StageResult, StagingError
 from airlockd.staging.runbase import LowerBase, ManifestBase
 from airlockd.staging.treedigest import SCHEME, TreeDigest
 

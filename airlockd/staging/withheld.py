@@ -16,8 +16,8 @@ from pathlib import Path
 from airlockd.pipeline.manifest import walk
 from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
-from airlockd.staging.copy import values_text
 from airlockd.staging.githead import is_git_entry
+from airlockd.staging.records import values_text
 from airlockd.staging.secretscan import SecretScanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them

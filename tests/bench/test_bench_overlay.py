@@ -42,9 +42,10 @@ from airlockd.runs.service import Service
 from airlockd.sandbox import volumes
 from airlockd.sandbox.base import OverlayVolume
 from airlockd.staging import capfs, overlay, stagers
-from airlockd.staging.copy import inspect, stage
+from airlockd.staging.copy import stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for
+from airlockd.staging.readback import inspect
 from airlockd.staging.runbase import LowerBase, ManifestBase
 
 ROUNDS = 3

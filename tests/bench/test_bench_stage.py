@@ -26,7 +26,9 @@ from treegen import Tree, big_tree
 
 from airlockd.pipeline.manifest import ChangeKind
 from airlockd.policy import Level, load_policy
-from airlockd.staging.copy import StageResult, inspect, stage
+from airlockd.staging.copy import stage
+from airlockd.staging.readback import inspect
+from airlockd.staging.records import StageResult
 
 ROUNDS = 3
 pytestmark = pytest.mark.slow

@@ -24,8 +24,9 @@ from archivekinds import LZ4_FRAME, RAR, SEVEN_ZIP, ZSTD_FRAME, ar_bytes, cpio_b
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.staging.archiveformats import UNSUPPORTED, sniff
 from airlockd.staging.archives import ArchiveScanner
-from airlockd.staging.copy import StageResult, stage
+from airlockd.staging.copy import stage
 from airlockd.staging.mirror import Mirror
+from airlockd.staging.records import StageResult
 from airlockd.staging.secretscan import SecretScanner
 
 AWS = "AKIA" + "Z" * 16  # an AWS access key id shape (assembled: no whole secret in this file)

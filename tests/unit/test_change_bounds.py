@@ -13,8 +13,8 @@ import pytest
 
 from airlockd.pipeline.manifest import Manifest
 from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
-from airlockd.staging.copy import inspect, scan_tree
 from airlockd.staging.overlay import inspect_upper
+from airlockd.staging.readback import inspect, scan_tree
 from airlockd.staging.runbase import ManifestBase
 
 BOUNDS = ChangeBounds(entries=100, depth=20, bytes=1 << 20)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from airlockd.pipeline.classify import Classified, classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import Decision, Level, Policy, load_policy
-from airlockd.staging.copy import inspect, stage
+from airlockd.staging.copy import stage
+from airlockd.staging.readback import inspect
 
 PERMISSIVE = """
 [defaults]

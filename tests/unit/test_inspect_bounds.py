@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from airlockd.staging.copy import scan_tree
 from airlockd.staging.overlay import scan_upper
+from airlockd.staging.readback import scan_tree
 
 
 def _sparse(path: Path, size: int) -> None:

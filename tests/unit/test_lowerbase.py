@@ -17,7 +17,7 @@ from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind, diff, save_manifest, scan
 from airlockd.policy import Decision, load_policy
 from airlockd.staging import overlay, runbase, stagers
-from airlockd.staging.copy import StagingError
+from airlockd.staging.records import StagingError
 from airlockd.staging.runbase import LowerBase, ManifestBase
 
 

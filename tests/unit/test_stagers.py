@@ -13,8 +13,8 @@ from airlockd.policy import Level, load_policy
 from airlockd.redact import Redactor
 from airlockd.staging import stagers
 from airlockd.staging.base import Stager, StageRequest
-from airlockd.staging.copy import StageResult
 from airlockd.staging.mirror import MirrorView, mirror_for
+from airlockd.staging.records import StageResult
 from airlockd.staging.runbase import LowerBase, ManifestBase
 
 

@@ -18,7 +18,9 @@ from airlockd.pipeline.manifest import ChangeKind, Kind, scan
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import DETECTORS, Redactor
 from airlockd.staging import copy as staging
-from airlockd.staging.copy import StagingError, inspect, link_escapes, scan_tree, stage
+from airlockd.staging.copy import stage
+from airlockd.staging.readback import inspect, scan_tree
+from airlockd.staging.records import StageResult, StagingError, link_escapes
 from airlockd.staging.secretscan import SecretScanner
 
 # Assembled at run time so this file never carries a whole secret for scanners to flag.
@@ -64,7 +66,7 @@ def write(root: Path, rel: str, data: str | bytes = "x\n", mode: int | None = No
 
 def run(
     ws: Path, tmp_path: Path, policy: Policy, clearance: Level = Level.INTERNAL, **kw: object
-) -> staging.StageResult:
+) -> StageResult:
     return stage(ws, tmp_path / "copy", policy, clearance, **kw)  # type: ignore[arg-type]
 
 

@@ -20,9 +20,10 @@ from airlockd.pipeline.classify import classify
 from airlockd.pipeline.manifest import Change, ChangeKind, Entry, Kind
 from airlockd.policy import Decision, Level, Policy, load_policy
 from airlockd.redact import Redactor
-from airlockd.staging.copy import StageResult, stage
+from airlockd.staging.copy import stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror
+from airlockd.staging.records import StageResult
 from airlockd.staging.withheld import learn
 
 AWS = "AKIA" + "X" * 16  # an AWS access key id shape (assembled: no whole secret in this file)

@@ -170,13 +170,13 @@ class Mirror:
             stager.blobs = sink.add if sink is not None else None
             try:
                 self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
+                gitcopy.MIRRORS.refresh(
+                    self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, sink=sink
+                )
             except BaseException:
                 if sink is not None:
-                    sink.abandon()
+                    sink.abandon()  # its thread stopped, the pack it was writing removed
                 raise
-            gitcopy.MIRRORS.refresh(
-                self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, sink=sink
-            )
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}
             changed = bool(st.read or st.written or st.removed or stager.new.keys() != cache.keys() or kept != others)

@@ -203,7 +203,8 @@ class CustomDetector(_Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     regex: str = Field(min_length=1, max_length=1000)
     min_entropy: float = Field(0.0, ge=0.0, le=8.0)  # bits per character of what the regex finds
-    keywords: list[str] = Field(default_factory=list)  # one of them is in every match (any case)
+    # one of them is in every match (any case); bounded: each is searched for in every file
+    keywords: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("name")
     @classmethod
@@ -236,6 +237,9 @@ class CustomDetector(_Model):
     def _keywords(cls, v: list[str]) -> list[str]:
         if any(not k for k in v):
             raise ValueError("an empty keyword; remove it")
+        long = [k[:20] + "..." for k in v if len(k) > 200]
+        if long:
+            raise ValueError(f"keyword(s) {long} longer than 200 characters; a keyword is a word every match holds")
         return v
 
     @cached_property

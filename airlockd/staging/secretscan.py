@@ -297,27 +297,63 @@ class _Prefilter:
     each anchor once at most (its first match is all a group needs to know; `re` then finds where,
     as without the prefilter). A group it does not report has no match, so it is not searched: the
     20-odd passes of `re` (one per first byte, 37 MB/s together on a binary file) become one (over
-    2 GB/s). Scans release the GIL, so each thread has its own scratch space."""
+    2 GB/s). A group Hyperscan cannot take (a workspace's pattern past its limits) is reported on
+    every buffer: searched by `re` as before, the others still in one pass. Scans release the GIL,
+    so each thread has its own scratch space."""
 
     def __init__(self, patterns: tuple[tuple[bytes, int], ...]) -> None:
         assert hyperscan is not None
-        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        flags = [
-            hyperscan.HS_FLAG_SINGLEMATCH | (hyperscan.HS_FLAG_CASELESS if f & re.IGNORECASE else 0)
-            for _, f in patterns
-        ]
-        self.db.compile(
-            expressions=[p for p, _ in patterns], ids=list(range(len(patterns))), elements=len(patterns), flags=flags
-        )
+        exprs: dict[int, bytes] = {}
+        for i, (p, _) in enumerate(patterns):
+            e = _hs_expression(p)
+            if e is not None:
+                exprs[i] = e
+        ids = list(exprs)
+        flags = {
+            i: hyperscan.HS_FLAG_SINGLEMATCH | (hyperscan.HS_FLAG_CASELESS if f & re.IGNORECASE else 0)
+            for i, (_, f) in enumerate(patterns)
+        }
+
+        def compiled(ids: list[int]) -> Any:
+            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            db.compile(expressions=[exprs[i] for i in ids], ids=ids, elements=len(ids), flags=[flags[i] for i in ids])
+            return db
+
+        self.db: Any = None
+        try:
+            self.db = compiled(ids) if ids else None
+        except hyperscan.error:  # find the ones it refuses, and leave them to `re`
+            ids = [i for i in ids if _compiles(compiled, i)]
+            self.db = compiled(ids) if ids else None
+        self.always = frozenset(range(len(patterns))) - frozenset(ids)
         self._local = threading.local()
 
     def fired(self, data: bytes) -> set[int]:
+        fired = set(self.always)
+        if self.db is None:
+            return fired
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = hyperscan.Scratch(self.db)
-        fired: set[int] = set()
         self.db.scan(data, match_event_handler=_collect, context=fired, scratch=scratch)
         return fired
+
+
+def _hs_expression(pattern: bytes) -> bytes | None:
+    """`pattern` as Hyperscan reads it (its patterns are C strings: a NUL byte, which `re.escape`
+    leaves as it is, would end one there), or None where that is not certain (a NUL after a
+    backslash)."""
+    if b"\\\x00" in pattern:
+        return None
+    return pattern.replace(b"\x00", rb"\x00")
+
+
+def _compiles(compiled: Callable[[list[int]], Any], i: int) -> bool:
+    try:
+        compiled([i])
+    except hyperscan.error:
+        return False
+    return True
 
 
 def _collect(group: int, start: int, end: int, flags: int, fired: object) -> None:
@@ -330,14 +366,31 @@ _PREFILTER_MAX = 1 << 31  # bytes Hyperscan scans in one block (its length is 32
 
 @functools.lru_cache(maxsize=64)
 def _prefilter(patterns: tuple[tuple[bytes, int], ...]) -> _Prefilter | None:
-    """The prefilter of these group regexes, or None without Hyperscan or if one of them is beyond
-    it (compiled once per process for a set: scanners are made per policy and per check)."""
+    """The prefilter of these group regexes (compiled once per process for a set: scanners are
+    made per policy and per check), or None without Hyperscan."""
     if hyperscan is None or not patterns:
         return None
-    try:
-        return _Prefilter(patterns)
-    except hyperscan.error:
+    return _Prefilter(patterns)
+
+
+# Characters outside ASCII that Python's `re`, ignoring case, takes for an ASCII letter: a match
+# of a detector ignoring case may hold them where its keyword has i, k or s.
+_OTHER_CASES = {"i": "\u0130\u0131", "k": "\u212a", "s": "\u017f"}
+
+
+def keyword_anchor(word: str) -> bytes | None:
+    """What a byte search ignoring ASCII case finds wherever a text holds `word` in any case as
+    `re` ignores case (its i, k and s in their other Unicode forms too); None when `word` has a
+    character outside ASCII, whose other cases no such search finds (then the detector runs on
+    every buffer)."""
+    if not word.isascii():
         return None
+    out = []
+    for ch in word:
+        lit = re.escape(ch.encode())
+        others = _OTHER_CASES.get(ch.lower(), "")
+        out.append(b"(?:" + b"|".join([lit, *(o.encode() for o in others)]) + b")" if others else lit)
+    return b"".join(out)
 
 
 class SecretScanner:
@@ -393,13 +446,16 @@ class SecretScanner:
                     group.text.append((name, search))
         for det in extra:
             self.names.append(det.name)
-            prefix = literal_prefix(det.pattern).encode()
+            # a lone surrogate (written as an escape in the regex) is never in decoded text: any
+            # bytes stand for it
+            prefix = literal_prefix(det.pattern).encode("utf-8", "surrogatepass")
+            words = [keyword_anchor(k) for k in det.keywords]
             if prefix:
                 group = groups.setdefault(prefix[:1], _Group())
                 group.anchors.append(re.escape(prefix))
-            elif det.keywords:  # the policy's word that one of them, in any case, is in every match
+            elif words and None not in words:  # the policy's word: one of them, in any case, is in every match
                 group = groups.setdefault(b"custom:" + det.name.encode(), _Group(flags=re.IGNORECASE))
-                group.anchors.extend(re.escape(k.encode()) for k in det.keywords)
+                group.anchors.extend(w for w in words if w is not None)
             else:
                 self._unanchored.append((det.name, det.search))
                 continue

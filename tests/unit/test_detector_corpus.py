@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airlockd.policy import CustomDetector, Level, Policy, load_policy
-from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, Redactor, known_detectors
+from airlockd.redact import BYTE_DETECTORS, DETECTORS, MASK, ExtraDetector, Redactor, known_detectors
 from airlockd.staging import copy as staging
 from airlockd.staging.copy import stage
 from airlockd.staging.secretscan import (
@@ -742,3 +742,72 @@ def test_a_name_that_hits_makes_its_directorys_batch_hit() -> None:
         joined = "\n".join(["src/a.py", f"dir/{name}", "README.md"]).encode()
         assert scanner.first_hit(name.encode()) is not None, sample.detector
         assert scanner.first_hit(joined) is not None, (sample.detector, sample.label)
+
+
+def _custom(regex: str, keywords: list[str]) -> list[ExtraDetector]:
+    return [CustomDetector(name="corp", regex=regex, keywords=keywords).detector]
+
+
+@pytest.mark.parametrize("prefilter", [True, False])
+def test_a_nul_in_a_keyword_drops_no_keyword_after_it(prefilter: bool) -> None:
+    """Hyperscan reads a pattern as a C string: a NUL in a keyword (TOML writes one as \\u0000)
+    would end the group's pattern there and drop the keywords after it (found by the third
+    attack review); it is written as an escape."""
+    extra = _custom(r"(?i)(?:token|corp)=[a-z0-9]{16}", ["x\x00", "corp"])
+    scanner = SecretScanner(ALL, extra, prefilter=prefilter)
+    assert scanner.first_hit(b"CORP=abcdef0123456789\n") == "corp"
+    assert scanner.first_hit(b"x\x00 and nothing else\n") is None
+
+
+@pytest.mark.parametrize("prefilter", [True, False])
+@pytest.mark.parametrize(("keyword", "written"), [("kid", "\u212aID"), ("pass", "pa\u017fs"), ("id", "\u0130D")])
+def test_a_keyword_is_found_in_every_case_re_ignores(prefilter: bool, keyword: str, written: str) -> None:
+    """`re` ignoring case takes KELVIN SIGN for k, LONG S for s, and dotted and dotless I for i:
+    a match may hold the keyword so, and the anchor finds it there too."""
+    extra = _custom(r"(?i)(?:kid|pass|id)=[a-z0-9]{16}", [keyword])
+    data = f"{written}=abcdef0123456789\n".encode()
+    assert SecretScanner(ALL, extra, prefilter=prefilter).first_hit(data) == "corp"
+
+
+@pytest.mark.parametrize("prefilter", [True, False])
+def test_a_keyword_outside_ascii_runs_its_detector_on_every_buffer(prefilter: bool) -> None:
+    """No byte search finds `é` in every case (`É`): such a detector has no anchor and runs on
+    every buffer, so it finds what its own regex finds."""
+    extra = _custom(r"(?i)clé=[a-z0-9]{16}", ["clé"])
+    scanner = SecretScanner(ALL, extra, prefilter=prefilter)
+    assert "corp" in scanner.unanchored
+    assert scanner.first_hit("CLÉ=abcdef0123456789\n".encode()) == "corp"
+
+
+def test_a_lone_surrogate_in_a_regex_prefix_builds_a_scanner() -> None:
+    """A regex may name a lone surrogate (`\\ud800`), which no decoded text holds: the scanner is
+    built all the same (it raised UnicodeEncodeError), and the detector never fires."""
+    extra = _custom(r"\ud800x[0-9]{4}", [])
+    assert SecretScanner(ALL, extra).first_hit(b"\xed\xa0\x80x1234") is None
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="Hyperscan's wheel is for x86-64 (pyproject.toml)")
+def test_a_pattern_hyperscan_refuses_leaves_the_other_groups_in_its_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace's group past Hyperscan's limits is searched by `re` on every buffer; the
+    built-in groups stay in the one pass (a policy cannot switch the prefilter off)."""
+    from airlockd.staging import secretscan
+
+    real = secretscan._hs_expression
+    monkeypatch.setattr(secretscan, "_hs_expression", lambda p: b"(" if b"corp" in p.lower() else real(p))
+    secretscan._prefilter.cache_clear()
+    try:
+        scanner = SecretScanner(ALL, _custom(r"corp_[a-z0-9]{20}", []))
+        assert scanner.prefilter is not None and scanner.prefilter.db is not None
+        refused = [i for i, g in enumerate(scanner.groups) if b"corp" in g.regex.pattern]
+        assert scanner.prefilter.always == frozenset(refused)
+        assert scanner.first_hit(b"x = corp_" + b"a1" * 10) == "corp"
+        assert scanner.first_hit(b"x = " + b"AKIA" + b"Z" * 16) == "aws-access-key"
+    finally:
+        secretscan._prefilter.cache_clear()
+
+
+def test_keywords_are_bounded() -> None:
+    with pytest.raises(ValueError, match="at most 100"):
+        CustomDetector(name="corp", regex=r"tok=[0-9]{8}", keywords=[f"k{i}" for i in range(101)])
+    with pytest.raises(ValueError, match="longer than 200"):
+        CustomDetector(name="corp", regex=r"tok=[0-9]{8}", keywords=["k" * 201])

@@ -40,7 +40,6 @@ import os
 import shutil
 import stat
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -134,7 +133,6 @@ class Repo:
             self._update(state, changed)
         else:
             if sink is not None:
-                sink.drain()
                 self.store = sink.store
             self._skeleton()
             state = self._scan(state, sink.blobs if sink is not None else {})
@@ -445,14 +443,7 @@ class BlobSink:
     """A cold build's blobs, packed as the mirror's walk stages each file (read whole: a big
     file streamed in chunks is read again by the repository's scan), so the repository's build
     need not read the tree a second time. What the walk later drops (a copy of a withheld file)
-    is unreferenced, marked dead and purged before the generation is used.
-
-    The packing (a blob's SHA-1, its zlib framing and checksum, the pack's CRC and write) runs in
-    a thread of its own beside the walk: those release the GIL, so on a machine with two cores it
-    costs the walk little. At most LAG bytes wait to be packed (the walk waits past that); an
-    error of the thread is raised by the next `add` and by `drain`."""
-
-    LAG = 64 << 20
+    is unreferenced, marked dead and purged before the generation is used."""
 
     def __init__(self, tree: Path, owner: tuple[int, int] | None) -> None:
         dotgit = tree / DOTGIT
@@ -461,13 +452,6 @@ class BlobSink:
             self.store._mkdir(d)
         self.store.adopt(set(), set(), {}, set())
         self.blobs: dict[str, tuple[bytes, int]] = {}  # path -> blob id, size
-        self._todo: deque[tuple[str, bytes]] = deque()
-        self._waiting = 0  # bytes in _todo and in the blob being packed
-        self._closed = False
-        self._error: BaseException | None = None
-        self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._pack, name="airlockd-blobs", daemon=True)
-        self._thread.start()
 
     @classmethod
     def cold(cls, tree: Path, workspace: Path, owner: tuple[int, int] | None) -> BlobSink | None:
@@ -478,53 +462,9 @@ class BlobSink:
         return cls(tree, owner)
 
     def add(self, rel: str, data: bytes) -> None:
-        with self._cv:
-            while self._waiting > self.LAG and self._error is None:
-                self._cv.wait()
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise RuntimeError("blob sink used after it was drained or abandoned")
-            self._todo.append((rel, data))
-            self._waiting += len(data)
-            self._cv.notify_all()
-
-    def _pack(self) -> None:
-        while True:
-            with self._cv:
-                while not self._todo and not self._closed:
-                    self._cv.wait()
-                if not self._todo:
-                    return
-                rel, data = self._todo.popleft()
-            try:
-                self.blobs[rel] = (self.store.put(b"blob", data), len(data))
-            except BaseException as exc:  # handed to the walk (add) and to the build (drain)
-                with self._cv:
-                    self._error, self._closed = exc, True
-                    self._todo.clear()
-                    self._cv.notify_all()
-                return
-            with self._cv:
-                self._waiting -= len(data)
-                self._cv.notify_all()
-
-    def _stop(self, *, drop: bool) -> None:
-        with self._cv:
-            self._closed = True
-            if drop:
-                self._todo.clear()
-            self._cv.notify_all()
-        self._thread.join()
-
-    def drain(self) -> None:
-        """Every blob handed on packed (then `store` and `blobs` are the build's to use)."""
-        self._stop(drop=False)
-        if self._error is not None:
-            raise self._error
+        self.blobs[rel] = (self.store.put(b"blob", data), len(data))
 
     def abandon(self) -> None:
-        self._stop(drop=True)
         self.store.abandon()
 
 

@@ -175,7 +175,7 @@ class Mirror:
                 )
             except BaseException:
                 if sink is not None:
-                    sink.abandon()  # its thread stopped, the pack it was writing removed
+                    sink.abandon()  # the pack it was writing removed
                 raise
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}

@@ -455,10 +455,9 @@ def test_a_branch_name_that_carries_a_secret_is_not_copied(tmp_path: Path, polic
 def test_a_cold_build_whose_packing_fails_says_so_and_leaves_no_pack(
     tmp_path: Path, policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sink packs in a thread of its own: a write that fails there (a full disk) fails the
-    refresh with that error, stops the thread and leaves no half-written pack in the mirror."""
+    """A pack write that fails (a full disk) fails the refresh with that error and leaves no
+    half-written pack in the mirror."""
     import errno
-    import threading
 
     ws = history_workspace(tmp_path, packed=False)
     real = gitcopy.ObjectStore.put
@@ -473,33 +472,4 @@ def test_a_cold_build_whose_packing_fails_says_so_and_leaves_no_pack(
     monkeypatch.setattr(gitcopy.ObjectStore, "put", full)
     with pytest.raises(OSError, match="No space left"):
         Mirror(tmp_path / "mirror").refresh(ws, policy, Level.INTERNAL)
-    assert not [t for t in threading.enumerate() if t.name == "airlockd-blobs"]
     assert not [p for p in (tmp_path / "mirror").rglob("tmp_pack_*")]
-
-
-def test_the_blob_sink_holds_at_most_its_lag_unpacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The walk hands blobs on faster than they are packed: past LAG bytes waiting it waits, so
-    a tree of big files never sits in memory whole; drained, every blob is what git names it."""
-    import threading
-
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    sink = gitcopy.BlobSink(tree, None)
-    sink.LAG = 1000
-    gate = threading.Event()
-    real = sink.store.put
-    monkeypatch.setattr(sink.store, "put", lambda kind, data: gate.wait() and real(kind, data))
-    sink.add("a", b"x" * 600)  # taken by the thread, which waits at the gate
-    sink.add("b", b"y" * 600)
-    adder = threading.Thread(target=sink.add, args=("c", b"z" * 10))
-    adder.start()
-    adder.join(0.3)
-    assert adder.is_alive()  # 1200 bytes waiting: more than LAG
-    gate.set()
-    adder.join(5)
-    assert not adder.is_alive()
-    sink.drain()
-    assert {rel: oid.hex() for rel, (oid, _) in sink.blobs.items()} == {
-        rel: gitcopy.blob_id(data) for rel, data in (("a", b"x" * 600), ("b", b"y" * 600), ("c", b"z" * 10))
-    }
-    sink.abandon()

@@ -64,9 +64,7 @@ def write(root: Path, rel: str, data: str | bytes = "x\n", mode: int | None = No
     return p
 
 
-def run(
-    ws: Path, tmp_path: Path, policy: Policy, clearance: Level = Level.INTERNAL, **kw: object
-) -> StageResult:
+def run(ws: Path, tmp_path: Path, policy: Policy, clearance: Level = Level.INTERNAL, **kw: object) -> StageResult:
     return stage(ws, tmp_path / "copy", policy, clearance, **kw)  # type: ignore[arg-type]
 
 

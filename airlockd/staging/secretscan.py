@@ -192,7 +192,10 @@ _UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")
 
 
 def wide_texts(data: bytes) -> list[str]:
-    """What `data` reads as if it is UTF-16 or UTF-32 text (utf16_texts, utf32_texts)."""
+    """What `data` reads as if it is UTF-16 or UTF-32 text (utf16_texts, utf32_texts); a buffer
+    without a NUL is neither, and costs one search for it."""
+    if b"\x00" not in data:
+        return []
     return utf16_texts(data) + utf32_texts(data)
 
 

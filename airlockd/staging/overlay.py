@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from airlockd.pipeline.manifest import ChangeSet, Manifest, diff
 from airlockd.staging.bounds import ChangeBounds, Tally
-from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
+from airlockd.staging.fdtree import O_DIR, entry_at
+from airlockd.staging.readback import read_nodes
 from airlockd.staging.records import StagingError
 
 if TYPE_CHECKING:
@@ -64,29 +65,16 @@ def scan_upper(upper: Path, tally: Tally | None = None) -> tuple[Manifest, list[
     after: Manifest = {}
     whiteouts: list[str] = []
     opaque: list[str] = []
-    try:
-        root_fd = os.open(upper, O_DIR)
-        try:
-            for fd, rel, de in walk_fds(root_fd):
-                try:
-                    st = de.stat(follow_symlinks=False)
-                    if tally is not None:
-                        tally.count(rel, st)
-                    if is_whiteout(st):
-                        whiteouts.append(rel)
-                        continue
-                    after[rel] = entry_at(fd, de.name, st)
-                    if stat.S_ISDIR(st.st_mode) and _opaque(fd, de.name):
-                        opaque.append(rel)
-                except FileNotFoundError:
-                    continue
-        finally:
-            os.close(root_fd)
-    except OSError as exc:
-        raise StagingError(
-            f"cannot read {exc.filename or upper} in the staging copy {upper}: {exc.strerror}",
-            hint="the agent may have changed permissions; the run cannot be inspected",
-        ) from None
+
+    def visit(fd: int, rel: str, de: os.DirEntry[str], st: os.stat_result) -> None:
+        if is_whiteout(st):
+            whiteouts.append(rel)
+            return
+        after[rel] = entry_at(fd, de.name, st)
+        if stat.S_ISDIR(st.st_mode) and _opaque(fd, de.name):
+            opaque.append(rel)
+
+    read_nodes(upper, visit, tally)
     return after, whiteouts, opaque
 
 

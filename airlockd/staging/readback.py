@@ -4,6 +4,7 @@ again from the filesystem (never the agent's account of it)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from airlockd.pipeline.manifest import ChangeSet, Kind, Manifest, diff
@@ -12,13 +13,14 @@ from airlockd.staging.fdtree import O_DIR, entry_at, walk_fds
 from airlockd.staging.records import StagingError
 
 
-def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
-    """Manifest of everything under `root`, every hash computed now from the bytes on disk.
-
-    Never follows a symlink and never opens a fifo or device. A node that vanishes during the scan
-    is left out; one that cannot be read raises `StagingError` (an unreadable corner is never
-    silently taken for an unchanged one)."""
-    out: Manifest = {}
+def read_nodes(
+    root: Path, visit: Callable[[int, str, os.DirEntry[str], os.stat_result], None], tally: Tally | None
+) -> None:
+    """`visit(dir_fd, rel, entry, lstat)` for every node under `root` (a staging copy or an upper
+    layer), each counted by `tally` first (which stops the walk at a bound). Never follows a
+    symlink. A node that vanishes meanwhile (in the walk or in `visit`) is left out; one that
+    cannot be read raises `StagingError` (an unreadable corner is never silently taken for an
+    unchanged one)."""
     try:
         root_fd = os.open(root, O_DIR)
         try:
@@ -27,7 +29,7 @@ def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
                     st = de.stat(follow_symlinks=False)
                     if tally is not None:
                         tally.count(rel, st)
-                    out[rel] = entry_at(fd, de.name, st)
+                    visit(fd, rel, de, st)
                 except FileNotFoundError:
                     continue
         finally:
@@ -37,6 +39,17 @@ def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
             f"cannot read {exc.filename or root} in the staging copy {root}: {exc.strerror}",
             hint="the agent may have changed permissions; the run cannot be inspected",
         ) from None
+
+
+def scan_tree(root: Path, tally: Tally | None = None) -> Manifest:
+    """Manifest of everything under `root`, every hash computed now from the bytes on disk
+    (`read_nodes`; a fifo or device is never opened)."""
+    out: Manifest = {}
+
+    def visit(fd: int, rel: str, de: os.DirEntry[str], st: os.stat_result) -> None:
+        out[rel] = entry_at(fd, de.name, st)
+
+    read_nodes(root, visit, tally)
     return out
 
 

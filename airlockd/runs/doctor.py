@@ -145,7 +145,7 @@ def run_checks(workspace: Path) -> list[Check]:
     def detectors() -> str:
         from airlockd.staging import secretscan
 
-        if secretscan.hyperscan is not None:
+        if secretscan.hyperscan_module() is not None:
             return "Hyperscan: one pass over each file says which of the detectors' anchors occur"
         if platform.machine() == "x86_64":  # a dependency there (pyproject.toml): a broken install
             raise RuntimeError("Hyperscan does not import: each group of detector anchors is a pass of its own")

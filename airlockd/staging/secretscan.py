@@ -13,7 +13,6 @@ their keywords.
 from __future__ import annotations
 
 import binascii
-import functools
 import hashlib
 import re
 import threading
@@ -21,12 +20,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    import hyperscan
-except ImportError:  # a platform without its wheel: every group is searched by `re`
-    hyperscan = None  # type: ignore[assignment]
-
 from airlockd.redact import DETECTORS, PEM_BEGIN_B64, ExtraDetector
+
+_HS: Any = None  # the hyperscan module once imported (False: it does not import here)
+
+
+def hyperscan_module() -> Any:
+    """Hyperscan, imported on first use (it costs a process that never scans much 40 ms), or
+    None on a platform without its wheel: then every group is searched by `re`."""
+    global _HS
+    if _HS is None:
+        try:
+            import hyperscan
+
+            _HS = hyperscan
+        except ImportError:
+            _HS = False
+    return _HS or None
+
 
 # Bytes every match of a detector contains, with the digest of the detector's pattern they were
 # derived from. A byte search for these decides whether the full regexes need to run at all;
@@ -305,6 +316,7 @@ class _Prefilter:
     so each thread has its own scratch space."""
 
     def __init__(self, patterns: tuple[tuple[bytes, int], ...]) -> None:
+        hyperscan = hyperscan_module()
         assert hyperscan is not None
         exprs: dict[int, bytes] = {}
         for i, (p, _) in enumerate(patterns):
@@ -330,6 +342,7 @@ class _Prefilter:
             self.db = compiled(ids) if ids else None
         self.always = frozenset(range(len(patterns))) - frozenset(ids)
         self._local = threading.local()
+        self._scratch = hyperscan.Scratch
 
     def fired(self, data: bytes) -> set[int]:
         fired = set(self.always)
@@ -337,7 +350,7 @@ class _Prefilter:
             return fired
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            scratch = self._local.scratch = hyperscan.Scratch(self.db)
+            scratch = self._local.scratch = self._scratch(self.db)
         self.db.scan(data, match_event_handler=_collect, context=fired, scratch=scratch)
         return fired
 
@@ -354,7 +367,7 @@ def _hs_expression(pattern: bytes) -> bytes | None:
 def _compiles(compiled: Callable[[list[int]], Any], i: int) -> bool:
     try:
         compiled([i])
-    except hyperscan.error:
+    except hyperscan_module().error:
         return False
     return True
 
@@ -365,15 +378,25 @@ def _collect(group: int, start: int, end: int, flags: int, fired: object) -> Non
 
 
 _PREFILTER_MAX = 1 << 31  # bytes Hyperscan scans in one block (its length is 32 bits); beyond, `re`
+# bytes a scanner is given before it compiles its prefilter (some 80 ms, once per process for a set
+# of detectors: a command that checks a few files never pays it; a walk pays it in its first files)
+PREFILTER_AFTER = 1 << 20
+_PREFILTERS: dict[tuple[tuple[bytes, int], ...], _Prefilter | None] = {}
+_PREFILTERS_LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=64)
 def _prefilter(patterns: tuple[tuple[bytes, int], ...]) -> _Prefilter | None:
     """The prefilter of these group regexes (compiled once per process for a set: scanners are
-    made per policy and per check), or None without Hyperscan."""
-    if hyperscan is None or not patterns:
+    made per policy and per check; the last 64 sets kept), or None without Hyperscan."""
+    if hyperscan_module() is None or not patterns:
         return None
-    return _Prefilter(patterns)
+    with _PREFILTERS_LOCK:
+        if patterns in _PREFILTERS:
+            return _PREFILTERS[patterns]
+        if len(_PREFILTERS) >= 64:
+            del _PREFILTERS[next(iter(_PREFILTERS))]
+        made = _PREFILTERS[patterns] = _Prefilter(patterns)
+        return made
 
 
 # Characters outside ASCII that Python's `re`, ignoring case, takes for an ASCII letter: a match
@@ -411,7 +434,12 @@ class SecretScanner:
     overlap = 65536  # bytes carried between chunks of a streamed file: a secret up to this long is
     # found whole in one of the windows whichever chunk boundary it straddles
 
-    def __init__(self, names: Iterable[str], extra: Iterable[ExtraDetector] = (), *, prefilter: bool = True) -> None:
+    def __init__(
+        self, names: Iterable[str], extra: Iterable[ExtraDetector] = (), *, prefilter: bool | None = None
+    ) -> None:
+        """`prefilter`: True compiles Hyperscan's pass now, False never (`re` alone), None (the
+        default) once the scanner has been given PREFILTER_AFTER bytes, or at once when this
+        process has compiled it for these detectors already."""
         self.names = list(dict.fromkeys(names))
         groups: dict[bytes, _Group] = {}
         self._unanchored: list[tuple[str, Callable[[str], bool]]] = []
@@ -464,7 +492,13 @@ class SecretScanner:
                 continue
             group.text.append((det.name, det.search))
         self.groups = [g.compile() for g in groups.values()]
-        self.prefilter = _prefilter(tuple((g.regex.pattern, g.flags) for g in self.groups)) if prefilter else None
+        self._key = tuple((g.regex.pattern, g.flags) for g in self.groups)
+        self.prefilter: _Prefilter | None = None
+        self._until_prefilter = -1  # bytes to scan before compiling it; -1: never
+        if prefilter or (prefilter is None and self._key in _PREFILTERS):
+            self.prefilter = _prefilter(self._key)
+        elif prefilter is None:
+            self._until_prefilter = PREFILTER_AFTER
         self.unanchored = [name for name, _ in self._unanchored]  # each runs on every buffer
         # worth a UTF-16 read: a text detector, or one of bytes that reads text (no gate)
         self._texts = bool(self._unanchored) or any(g.text or (g.raw and not g.gate) for g in self.groups)
@@ -482,6 +516,10 @@ class SecretScanner:
         """The first detector that fires on `data`; when `text` is given, `data` is that text in
         UTF-8 and only the text detectors run."""
         fired: Any = range(len(self.groups))
+        if self._until_prefilter >= 0:
+            self._until_prefilter -= len(data)
+            if self._until_prefilter < 0:
+                self.prefilter = _prefilter(self._key)
         if self.prefilter is not None and len(data) < _PREFILTER_MAX:
             fired = self.prefilter.fired(data)
         for at, group in enumerate(self.groups):

@@ -688,7 +688,7 @@ def test_every_anchor_is_prefiltered_in_one_pass() -> None:
         CustomDetector(name="corp", regex=r"corp_[a-z0-9]{20}").detector,
         CustomDetector(name="kw", regex=r"(?i)tok(en)?=[a-z0-9]{20}", keywords=["TOKEN"]).detector,
     ]
-    scanner = SecretScanner(ALL, custom)
+    scanner = SecretScanner(ALL, custom, prefilter=True)
     assert scanner.prefilter is not None
     assert scanner.first_hit(b"x = corp_" + b"a1" * 10) == "corp"
     assert scanner.first_hit(b"x Token=" + b"a1" * 10) == "kw"
@@ -794,16 +794,13 @@ def test_a_pattern_hyperscan_refuses_leaves_the_other_groups_in_its_pass(monkeyp
 
     real = secretscan._hs_expression
     monkeypatch.setattr(secretscan, "_hs_expression", lambda p: b"(" if b"corp" in p.lower() else real(p))
-    secretscan._prefilter.cache_clear()
-    try:
-        scanner = SecretScanner(ALL, _custom(r"corp_[a-z0-9]{20}", []))
-        assert scanner.prefilter is not None and scanner.prefilter.db is not None
-        refused = [i for i, g in enumerate(scanner.groups) if b"corp" in g.regex.pattern]
-        assert scanner.prefilter.always == frozenset(refused)
-        assert scanner.first_hit(b"x = corp_" + b"a1" * 10) == "corp"
-        assert scanner.first_hit(b"x = " + b"AKIA" + b"Z" * 16) == "aws-access-key"
-    finally:
-        secretscan._prefilter.cache_clear()
+    monkeypatch.setattr(secretscan, "_PREFILTERS", {})
+    scanner = SecretScanner(ALL, _custom(r"corp_[a-z0-9]{20}", []), prefilter=True)
+    assert scanner.prefilter is not None and scanner.prefilter.db is not None
+    refused = [i for i, g in enumerate(scanner.groups) if b"corp" in g.regex.pattern]
+    assert scanner.prefilter.always == frozenset(refused)
+    assert scanner.first_hit(b"x = corp_" + b"a1" * 10) == "corp"
+    assert scanner.first_hit(b"x = " + b"AKIA" + b"Z" * 16) == "aws-access-key"
 
 
 def test_keywords_are_bounded() -> None:
@@ -811,3 +808,23 @@ def test_keywords_are_bounded() -> None:
         CustomDetector(name="corp", regex=r"tok=[0-9]{8}", keywords=[f"k{i}" for i in range(101)])
     with pytest.raises(ValueError, match="longer than 200"):
         CustomDetector(name="corp", regex=r"tok=[0-9]{8}", keywords=["k" * 201])
+
+
+def test_the_prefilter_is_compiled_once_a_scanner_has_read_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default a scanner compiles Hyperscan's pass (some 80 ms) only past PREFILTER_AFTER bytes
+    scanned, so a command that checks a few small files never pays it; once compiled in a
+    process, later scanners of the same detectors have it at once."""
+    from airlockd.staging import secretscan
+
+    monkeypatch.setattr(secretscan, "_PREFILTERS", {})
+    monkeypatch.setattr(secretscan, "PREFILTER_AFTER", 1000)
+    scanner = SecretScanner(ALL)
+    assert scanner.prefilter is None
+    assert scanner.first_hit(b"x" * 600) is None and scanner.prefilter is None
+    assert scanner.first_hit(b"sk-" + b"Z" * 48 + b"x" * 600) == "openai-key"  # found by re
+    if secretscan.hyperscan_module() is None:
+        return
+    assert scanner.prefilter is not None
+    assert scanner.first_hit(b"x = " + b"AKIA" + b"Z" * 16) == "aws-access-key"  # found in its pass
+    assert SecretScanner(ALL).prefilter is scanner.prefilter
+    assert SecretScanner(ALL, prefilter=False).prefilter is None

@@ -168,10 +168,20 @@ def _past_quote(v: str, quoted: str, end: int) -> list[str]:
     """When text follows a quoted value's closing quote (`"abc"def`, which a shell reads as
     `abcdef`; a value that merely starts with a quote), the value as written and as a shell joins
     it: which of the three the file meant cannot be known, so all are withheld values."""
-    tail = v[end:].strip()
-    if not tail or tail[0] in "#,;" or tail in ("}", "]"):
+    rest = v[end:]
+    tail = rest.strip()
+    if not tail or tail in ("}", "]") or _separated(tail):
+        return []
+    if tail[0] == "#" and rest[:1].isspace():  # a comment; `""#x` is the shell's `#x`
         return []
     return [v, quoted + tail.strip("\"'")]
+
+
+def _separated(tail: str) -> bool:
+    """Whether what follows a quoted value starts another item (`"abc", "next": 1`, `'a'; b`: a
+    separator, then a space or nothing), not more of the value (`"00",000` or `"00","000"`, which a
+    shell reads as `00,000`)."""
+    return tail[0] in ",;" and (len(tail) == 1 or tail[1] in " \t")
 
 
 def _json_strings(text: str) -> list[str] | None:

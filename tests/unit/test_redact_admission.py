@@ -43,6 +43,9 @@ def test_high_entropy_assignment_masked_low_entropy_kept() -> None:
 @settings(max_examples=60)
 @given(st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=8, max_size=40))
 @example('"00000"0')  # a quoted value with more after its closing quote (found in CI)
+@example('"00",000')  # the same after a comma: more of the value, not another item
+@example('"00","000000')
+@example('""#}0a10="1x},00')  # no space before the #: no comment
 @example("'abcd'efgh")
 def test_registered_values_never_survive(secret: str) -> None:
     red = Redactor()

@@ -247,7 +247,10 @@ def test_a_run_whose_container_is_gone_is_reconciled(ws: Path, capsys: pytest.Ca
     assert _wait_state(ws, run["id"], {"running"}, capsys)  # reading commands reconcile nothing
     _recover(ws, capsys)
     final = _wait_state(ws, run["id"], {"failed"}, capsys)
-    assert "ended while it was running" in final["error"]
+    # which says so depends on the engine's timing: the reconcile finds no container (the process
+    # ended), or finds it still listed, hands it to a new process, which then finds it gone
+    said = ("ended while it was running", "is gone; what it did before is not known")
+    assert any(why in final["error"] for why in said), final["error"]
     assert docker.from_env().containers.list(all=True, filters=label) == []
 
 

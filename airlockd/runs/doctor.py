@@ -143,9 +143,9 @@ def run_checks(workspace: Path) -> list[Check]:
     checks.append(_check("workspace growth cap", growth_cap, "run airlockd as root so it can mount capped filesystems"))
 
     def detectors() -> str:
-        from airlockd.staging import secretscan
+        from airlockd.staging import prefilter
 
-        if secretscan.hyperscan_module() is not None:
+        if prefilter.hyperscan_module() is not None:
             return "Hyperscan: one pass over each file says which of the detectors' anchors occur"
         if platform.machine() == "x86_64":  # a dependency there (pyproject.toml): a broken install
             raise RuntimeError("Hyperscan does not import: each group of detector anchors is a pass of its own")

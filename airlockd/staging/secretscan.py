@@ -15,29 +15,12 @@ from __future__ import annotations
 import binascii
 import hashlib
 import re
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from airlockd.redact import DETECTORS, PEM_BEGIN_B64, ExtraDetector
-
-_HS: Any = None  # the hyperscan module once imported (False: it does not import here)
-
-
-def hyperscan_module() -> Any:
-    """Hyperscan, imported on first use (it costs a process that never scans much 40 ms), or
-    None on a platform without its wheel: then every group is searched by `re`."""
-    global _HS
-    if _HS is None:
-        try:
-            import hyperscan
-
-            _HS = hyperscan
-        except ImportError:
-            _HS = False
-    return _HS or None
-
+from airlockd.staging import prefilter as one_pass
 
 # Bytes every match of a detector contains, with the digest of the detector's pattern they were
 # derived from. A byte search for these decides whether the full regexes need to run at all;
@@ -306,99 +289,6 @@ def literal_prefix(pattern: re.Pattern[str]) -> str:
     return "".join(out)
 
 
-class _Prefilter:
-    """Which groups' anchors occur in a buffer, in one pass for all of them: Hyperscan, matching
-    each anchor once at most (its first match is all a group needs to know; `re` then finds where,
-    as without the prefilter). A group it does not report has no match, so it is not searched: the
-    20-odd passes of `re` (one per first byte, 37 MB/s together on a binary file) become one (over
-    2 GB/s). A group Hyperscan cannot take (a workspace's pattern past its limits) is reported on
-    every buffer: searched by `re` as before, the others still in one pass. Scans release the GIL,
-    so each thread has its own scratch space."""
-
-    def __init__(self, patterns: tuple[tuple[bytes, int], ...]) -> None:
-        hyperscan = hyperscan_module()
-        assert hyperscan is not None
-        exprs: dict[int, bytes] = {}
-        for i, (p, _) in enumerate(patterns):
-            e = _hs_expression(p)
-            if e is not None:
-                exprs[i] = e
-        ids = list(exprs)
-        flags = {
-            i: hyperscan.HS_FLAG_SINGLEMATCH | (hyperscan.HS_FLAG_CASELESS if f & re.IGNORECASE else 0)
-            for i, (_, f) in enumerate(patterns)
-        }
-
-        def compiled(ids: list[int]) -> Any:
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            db.compile(expressions=[exprs[i] for i in ids], ids=ids, elements=len(ids), flags=[flags[i] for i in ids])
-            return db
-
-        self.db: Any = None
-        try:
-            self.db = compiled(ids) if ids else None
-        except hyperscan.error:  # find the ones it refuses, and leave them to `re`
-            ids = [i for i in ids if _compiles(compiled, i)]
-            self.db = compiled(ids) if ids else None
-        self.always = frozenset(range(len(patterns))) - frozenset(ids)
-        self._local = threading.local()
-        self._scratch = hyperscan.Scratch
-
-    def fired(self, data: bytes) -> set[int]:
-        fired = set(self.always)
-        if self.db is None:
-            return fired
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = self._local.scratch = self._scratch(self.db)
-        self.db.scan(data, match_event_handler=_collect, context=fired, scratch=scratch)
-        return fired
-
-
-def _hs_expression(pattern: bytes) -> bytes | None:
-    """`pattern` as Hyperscan reads it (its patterns are C strings: a NUL byte, which `re.escape`
-    leaves as it is, would end one there), or None where that is not certain (a NUL after a
-    backslash)."""
-    if b"\\\x00" in pattern:
-        return None
-    return pattern.replace(b"\x00", rb"\x00")
-
-
-def _compiles(compiled: Callable[[list[int]], Any], i: int) -> bool:
-    try:
-        compiled([i])
-    except hyperscan_module().error:
-        return False
-    return True
-
-
-def _collect(group: int, start: int, end: int, flags: int, fired: object) -> None:
-    assert isinstance(fired, set)
-    fired.add(group)
-
-
-_PREFILTER_MAX = 1 << 31  # bytes Hyperscan scans in one block (its length is 32 bits); beyond, `re`
-# bytes a scanner is given before it compiles its prefilter (some 80 ms, once per process for a set
-# of detectors: a command that checks a few files never pays it; a walk pays it in its first files)
-PREFILTER_AFTER = 1 << 20
-_PREFILTERS: dict[tuple[tuple[bytes, int], ...], _Prefilter | None] = {}
-_PREFILTERS_LOCK = threading.Lock()
-
-
-def _prefilter(patterns: tuple[tuple[bytes, int], ...]) -> _Prefilter | None:
-    """The prefilter of these group regexes (compiled once per process for a set: scanners are
-    made per policy and per check; the last 64 sets kept), or None without Hyperscan."""
-    if hyperscan_module() is None or not patterns:
-        return None
-    with _PREFILTERS_LOCK:
-        if patterns in _PREFILTERS:
-            return _PREFILTERS[patterns]
-        if len(_PREFILTERS) >= 64:
-            del _PREFILTERS[next(iter(_PREFILTERS))]
-        made = _PREFILTERS[patterns] = _Prefilter(patterns)
-        return made
-
-
 # Characters outside ASCII that Python's `re`, ignoring case, takes for an ASCII letter: a match
 # of a detector ignoring case may hold them where its keyword has i, k or s.
 _OTHER_CASES = {"i": "\u0130\u0131", "k": "\u212a", "s": "\u017f"}
@@ -423,7 +313,7 @@ class SecretScanner:
     """Finds one of `names` (redact.DETECTORS and BYTE_DETECTORS) or of a policy's `extra`
     detectors that fires on a buffer, or None. Anchors sharing a first byte are searched as one
     regex, so a clean text buffer costs a few byte searches with the default detectors (with
-    Hyperscan, `_Prefilter`, one pass says which groups to search at all). Where
+    Hyperscan, `prefilter.Prefilter`, one pass says which groups to search at all). Where
     anchors occur, the detectors they stand for run on the lines around them (MARGIN bytes each
     side, widened to whole lines; overlapping spans merged, so never more than the whole buffer).
     Every built-in match is shorter than MARGIN from its anchor or ends within its line, so a span
@@ -493,12 +383,12 @@ class SecretScanner:
             group.text.append((det.name, det.search))
         self.groups = [g.compile() for g in groups.values()]
         self._key = tuple((g.regex.pattern, g.flags) for g in self.groups)
-        self.prefilter: _Prefilter | None = None
+        self.prefilter: one_pass.Prefilter | None = None
         self._until_prefilter = -1  # bytes to scan before compiling it; -1: never
-        if prefilter or (prefilter is None and self._key in _PREFILTERS):
-            self.prefilter = _prefilter(self._key)
+        if prefilter or (prefilter is None and self._key in one_pass.PREFILTERS):
+            self.prefilter = one_pass.prefilter_for(self._key)
         elif prefilter is None:
-            self._until_prefilter = PREFILTER_AFTER
+            self._until_prefilter = one_pass.PREFILTER_AFTER
         self.unanchored = [name for name, _ in self._unanchored]  # each runs on every buffer
         # worth a UTF-16 read: a text detector, or one of bytes that reads text (no gate)
         self._texts = bool(self._unanchored) or any(g.text or (g.raw and not g.gate) for g in self.groups)
@@ -519,8 +409,8 @@ class SecretScanner:
         if self._until_prefilter >= 0:
             self._until_prefilter -= len(data)
             if self._until_prefilter < 0:
-                self.prefilter = _prefilter(self._key)
-        if self.prefilter is not None and len(data) < _PREFILTER_MAX:
+                self.prefilter = one_pass.prefilter_for(self._key)
+        if self.prefilter is not None and len(data) < one_pass.PREFILTER_MAX:
             fired = self.prefilter.fired(data)
         for at, group in enumerate(self.groups):
             if at not in fired or (group.gate and (text is not None or group.gate not in data)):

@@ -790,11 +790,11 @@ def test_a_lone_surrogate_in_a_regex_prefix_builds_a_scanner() -> None:
 def test_a_pattern_hyperscan_refuses_leaves_the_other_groups_in_its_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A workspace's group past Hyperscan's limits is searched by `re` on every buffer; the
     built-in groups stay in the one pass (a policy cannot switch the prefilter off)."""
-    from airlockd.staging import secretscan
+    from airlockd.staging import prefilter
 
-    real = secretscan._hs_expression
-    monkeypatch.setattr(secretscan, "_hs_expression", lambda p: b"(" if b"corp" in p.lower() else real(p))
-    monkeypatch.setattr(secretscan, "_PREFILTERS", {})
+    real = prefilter._hs_expression
+    monkeypatch.setattr(prefilter, "_hs_expression", lambda p: b"(" if b"corp" in p.lower() else real(p))
+    monkeypatch.setattr(prefilter, "PREFILTERS", {})
     scanner = SecretScanner(ALL, _custom(r"corp_[a-z0-9]{20}", []), prefilter=True)
     assert scanner.prefilter is not None and scanner.prefilter.db is not None
     refused = [i for i, g in enumerate(scanner.groups) if b"corp" in g.regex.pattern]
@@ -814,15 +814,15 @@ def test_the_prefilter_is_compiled_once_a_scanner_has_read_enough(monkeypatch: p
     """By default a scanner compiles Hyperscan's pass (some 80 ms) only past PREFILTER_AFTER bytes
     scanned, so a command that checks a few small files never pays it; once compiled in a
     process, later scanners of the same detectors have it at once."""
-    from airlockd.staging import secretscan
+    from airlockd.staging import prefilter
 
-    monkeypatch.setattr(secretscan, "_PREFILTERS", {})
-    monkeypatch.setattr(secretscan, "PREFILTER_AFTER", 1000)
+    monkeypatch.setattr(prefilter, "PREFILTERS", {})
+    monkeypatch.setattr(prefilter, "PREFILTER_AFTER", 1000)
     scanner = SecretScanner(ALL)
     assert scanner.prefilter is None
     assert scanner.first_hit(b"x" * 600) is None and scanner.prefilter is None
     assert scanner.first_hit(b"sk-" + b"Z" * 48 + b"x" * 600) == "openai-key"  # found by re
-    if secretscan.hyperscan_module() is None:
+    if prefilter.hyperscan_module() is None:
         return
     assert scanner.prefilter is not None
     assert scanner.first_hit(b"x = " + b"AKIA" + b"Z" * 16) == "aws-access-key"  # found in its pass

@@ -42,7 +42,7 @@ def test_the_detectors_prefilter_is_reported(tmp_path: Path, monkeypatch: pytest
     elsewhere `re` alone is the way it works, and is said."""
     import platform
 
-    from airlockd.staging import secretscan
+    from airlockd.staging import prefilter
 
     monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "ws").mkdir()
@@ -52,7 +52,7 @@ def test_the_detectors_prefilter_is_reported(tmp_path: Path, monkeypatch: pytest
 
     if platform.machine() == "x86_64":
         assert check()["ok"] and "Hyperscan" in str(check()["detail"])
-    monkeypatch.setattr(secretscan, "_HS", False)
+    monkeypatch.setattr(prefilter, "_HS", False)
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     missing = check()
     assert not missing["ok"] and "make setup" in str(missing["fix"])

@@ -58,6 +58,7 @@ from airlockd.staging.gitstate import (
     unlink_file,
     walk_tree,
 )
+from airlockd.staging.packer import Packed, Packer
 
 __all__ = [
     "DOTGIT",
@@ -120,22 +121,22 @@ class Repo:
         head: Head,
         state: RepoState | None = None,
         changed: Iterable[str] | None = None,
-        sink: BlobSink | None = None,
+        packer: Packer | None = None,
     ) -> RepoState:
         """Write (or bring up to date) the repository of the tree at `root` for `head`. With a
         `state` this process wrote and `changed` (the paths that may differ since), only those
         are looked at; otherwise every node is `lstat`ed and a file whose node the index on disk
-        (or `state`) vouches for keeps its object. Returns the state to pass next time."""
-        if state is not None and changed is not None:
+        (or `state`, or the `packer` of a cold build) vouches for keeps its object. Returns the
+        state to pass next time."""
+        if state is not None and changed is not None and packer is None:
             if state.head is None:
                 self._skeleton()
             self.store.adopt(state.have or set(), state.loose, state.packs, state.dead)
             self._update(state, changed)
         else:
-            if sink is not None:
-                self.store = sink.store
+            packed = packer.finish() if packer is not None else None
             self._skeleton()
-            state = self._scan(state, sink.blobs if sink is not None else {})
+            state = self._scan(state, packed)
         return state
 
     def _skeleton(self) -> None:
@@ -152,9 +153,9 @@ class Repo:
             self._own(self.dotgit / "refs" / "tags")
         self._replace("config", CONFIG)
 
-    def _scan(self, known: RepoState | None, packed: dict[str, tuple[bytes, int]] | None = None) -> RepoState:
-        """A state of every node under `root`, objects reused where the node is unchanged; the
-        objects written go into one new pack."""
+    def _scan(self, known: RepoState | None, packed: dict[str, Packed] | None = None) -> RepoState:
+        """A state of every node under `root`, objects reused where the node is unchanged (or
+        is the one `packed` read); the objects written go into one new pack."""
         prev: dict[str, tuple[bytes, tuple[int, int, int, int, int, int]]] = {}
         if known is not None:
             prev = {p: (e.oid, e.key) for p, e in known.files.items()}
@@ -169,7 +170,8 @@ class Repo:
                 for rel, de, fd in walk_tree(root):
                     st = de.stat(follow_symlinks=False)
                     got = packed.get(rel) if packed else None
-                    if got is not None and got[1] == st.st_size and stat.S_ISREG(st.st_mode):
+                    same = got is not None and got[1:] == (st.st_size, st.st_ino, st.st_mtime_ns)
+                    if got is not None and same and stat.S_ISREG(st.st_mode):
                         state.set_file(rel, IndexEntry(node_key(st), got[0], pack_entry(_name(rel), st, got[0])))
                         continue
                     self._file(state, rel, st, prev.get(rel), _reader(fd, de.name))
@@ -439,33 +441,13 @@ def build_copy(staging: Path, workspace: Path, owner: tuple[int, int] | None) ->
     return repo.manifest()
 
 
-class BlobSink:
-    """A cold build's blobs, packed as the mirror's walk stages each file (read whole: a big
-    file streamed in chunks is read again by the repository's scan), so the repository's build
-    need not read the tree a second time. What the walk later drops (a copy of a withheld file)
-    is unreferenced, marked dead and purged before the generation is used."""
-
-    def __init__(self, tree: Path, owner: tuple[int, int] | None) -> None:
-        dotgit = tree / DOTGIT
-        self.store = ObjectStore(dotgit, owner, None)
-        for d in (dotgit, dotgit / "objects"):
-            self.store._mkdir(d)
-        self.store.adopt(set(), set(), {}, set())
-        self.blobs: dict[str, tuple[bytes, int]] = {}  # path -> blob id, size
-
-    @classmethod
-    def cold(cls, tree: Path, workspace: Path, owner: tuple[int, int] | None) -> BlobSink | None:
-        """A sink for a generation built from nothing, when the workspace is a repository."""
-        if not ENABLED or (tree / DOTGIT).exists() or workspace_head(workspace) is None:
-            return None
-        tree.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return cls(tree, owner)
-
-    def add(self, rel: str, data: bytes) -> None:
-        self.blobs[rel] = (self.store.put(b"blob", data), len(data))
-
-    def abandon(self) -> None:
-        self.store.abandon()
+def cold_packer(tree: Path, workspace: Path, owner: tuple[int, int] | None) -> Packer | None:
+    """A packer (staging/packer.py) for a generation built from nothing, when the workspace is a
+    repository; its blobs are the repository's once the walk is done (`MirrorRepos.refresh`)."""
+    if not ENABLED or (tree / DOTGIT).exists() or workspace_head(workspace) is None:
+        return None
+    tree.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Packer.start(tree, owner)
 
 
 class MirrorRepos:
@@ -485,7 +467,7 @@ class MirrorRepos:
         *,
         changed: Iterable[str] | None = None,
         purge: bool = False,
-        sink: BlobSink | None = None,
+        packer: Packer | None = None,
     ) -> None:
         """Bring the repository in the mirror generation `tree` up to date with that tree.
 
@@ -505,8 +487,8 @@ class MirrorRepos:
         key = str(mirror_root)
         with self._lock:
             if head is None:
-                if sink is not None:
-                    sink.abandon()
+                if packer is not None:
+                    packer.abandon()
                 self._states.pop(key, None)
                 if (tree / DOTGIT).is_dir() and not (tree / DOTGIT).is_symlink():
                     shutil.rmtree(tree / DOTGIT)
@@ -514,7 +496,7 @@ class MirrorRepos:
             repo = Repo(tree, owner, split=True)
             state = self._states.pop(key, None)
             paths: list[str] | None = None
-            if state is not None and self._vouched(tree, state):
+            if state is not None and packer is None and self._vouched(tree, state):
                 if changed is not None:
                     paths = list(changed)
                     if base is not None:
@@ -528,10 +510,7 @@ class MirrorRepos:
                     paths = _differs(state.manifest, base)
             if paths is None:
                 state = None
-            elif sink is not None:
-                sink.abandon()  # a repository this process keeps: nothing to build from nothing
-                sink = None
-            state = repo.build(head, state, paths, sink)
+            state = repo.build(head, state, paths, packer)
             repo.commit(state, head)
             if purge or len(state.packs) > MAX_PACKS:
                 repo.purge(state, small_only=not purge)

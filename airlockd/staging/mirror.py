@@ -166,16 +166,16 @@ class Mirror:
             self.begin(gen)
             stamp = self.stamp()
             stager = MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
-            sink = gitcopy.BlobSink.cold(self.tree(gen), workspace, owner)
-            stager.blobs = sink.add if sink is not None else None
+            packer = gitcopy.cold_packer(self.tree(gen), workspace, owner)
+            stager.placed = packer.add if packer is not None else None
             try:
                 self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
                 gitcopy.MIRRORS.refresh(
-                    self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, sink=sink
+                    self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, packer=packer
                 )
             except BaseException:
-                if sink is not None:
-                    sink.abandon()  # the pack it was writing removed
+                if packer is not None:
+                    packer.abandon()  # stopped, what it wrote removed
                 raise
             st = stager.stats
             kept = {p for p, e in stager.result.base.items() if e.kind is not Kind.FILE}

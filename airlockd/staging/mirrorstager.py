@@ -86,9 +86,9 @@ class MirrorStager(StagingWalk):
         self.new: dict[str, Cached] = {}
         self.stats = RefreshStats()
         self.tmp = -1  # directory fd for temporary names, beside the generations (same filesystem)
-        # a cold build's: each file read whole and staged, handed on as it is (gitcopy.BlobSink
-        # packs it for the mirror's repository, which then need not read the tree again)
-        self.blobs: Callable[[str, bytes], None] | None = None
+        # a cold build's: each file's path once it is in place (staging/packer.py packs it, in
+        # a process of its own, for the mirror's repository, which then need not read it again)
+        self.placed: Callable[[str], None] | None = None
 
     # -- directories ----------------------------------------------------------------------------
 
@@ -175,6 +175,8 @@ class MirrorStager(StagingWalk):
         else:
             self._replace(dst, name)
             self.stats.written += 1
+            if self.placed is not None:
+                self.placed(rel)
         self.new[rel] = Cached(_key(st), entry, members=self.members.get(rel))
         self.note_node(rel, st)
         self.result.base[rel] = entry
@@ -210,8 +212,6 @@ class MirrorStager(StagingWalk):
                 h.update(data)
                 size = len(data)
                 self._write(out, data)
-                if self.blobs is not None:
-                    self.blobs(rel, data)
             else:
                 tail = b""
                 while chunk := os.read(fd, CHUNK):

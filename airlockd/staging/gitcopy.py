@@ -47,7 +47,7 @@ from airlockd.pipeline.manifest import Entry, Kind, Manifest
 from airlockd.staging.fdtree import read_all, write_all
 from airlockd.staging.githead import DOTGIT, RULE, Head, git_data, is_git_dir, is_git_entry, workspace_head
 from airlockd.staging.gitindex import git_mode, index_file, pack_entry, read_index
-from airlockd.staging.gitobjects import ObjectStore, blob_id, object_id, stored_zlib
+from airlockd.staging.gitobjects import ObjectStore, blob_id, object_id, small_packs, stored_zlib
 from airlockd.staging.gitstate import (
     IndexEntry,
     RepoState,
@@ -91,7 +91,7 @@ CONFIG = (
     b"[splitIndex]\n"
     b"\tsharedIndexExpire = never\n"
 )
-MAX_PACKS = 16  # past this many packs (one per refresh that changed something), the small are joined
+MAX_PACKS = 16  # past this many small packs (one per refresh that changed something), some are joined
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -512,7 +512,7 @@ class MirrorRepos:
                 state = None
             state = repo.build(head, state, paths, packer)
             repo.commit(state, head)
-            if purge or len(state.packs) > MAX_PACKS:
+            if purge or len(small_packs(state.packs.values())) > MAX_PACKS:
                 repo.purge(state, small_only=not purge)
             if paths is None or changed is None:
                 state.manifest = dict(base) if base is not None else {}

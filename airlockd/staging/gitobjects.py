@@ -16,6 +16,7 @@ repository never changes under a run that mounts it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import mmap
 import os
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airlockd.pipeline.manifest import Entry, Kind
-from airlockd.staging.fdtree import write_all
+from airlockd.staging.fdtree import read_all, write_all
 
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_RW_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -37,7 +38,7 @@ _WRITEV = 512  # buffers per writev
 _IN_MEMORY = 4 << 20  # a pack up to this size is written once, from memory
 PACK_BYTES = 32 << 20  # a cold build's packs are cut at this size: a purge rewrites only those
 # holding dead objects, so it costs what changed (a few packs), never the whole tree
-SMALL = 4 << 20  # packs below this (a refresh's) are joined into one by every purge
+SMALL = 4 << 20  # packs below this (a refresh's) are joined by purges (`to_join`)
 
 
 def object_id(kind: bytes, data: bytes) -> bytes:
@@ -84,14 +85,35 @@ def _pack_header(kind: bytes, size: int) -> bytes:
 
 @dataclass
 class Pack:
-    """One packfile of the store: its name (`pack-<hex>`) and where each object lies in it."""
+    """One packfile of the store: its name (`pack-<hex>`) and where each object lies in it (never
+    changed once the pack is written)."""
 
     name: str
     objects: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # oid -> offset, length, crc32
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         return max((off + length for off, length, _ in self.objects.values()), default=12)
+
+
+def small_packs(packs: Iterable[Pack]) -> list[Pack]:
+    """The packs below SMALL (a refresh's, or a join of them), smallest first."""
+    return sorted((p for p in packs if p.size < SMALL), key=lambda p: (p.size, p.name))
+
+
+def to_join(packs: Iterable[Pack]) -> list[Pack]:
+    """The small packs a join rewrites into one: the two smallest, then each next one while it is
+    less than twice what is joined so far. So the packs left form a geometric progression and
+    an object is rewritten a logarithmic number of times, never at every join: one pack much
+    bigger than the refreshes' (a cold build's trees) waits until they add up to half of it."""
+    chosen: list[Pack] = []
+    total = 0
+    for p in small_packs(packs):
+        if len(chosen) >= 2 and p.size >= 2 * total:
+            break
+        chosen.append(p)
+        total += p.size
+    return chosen
 
 
 class PackWriter:
@@ -407,10 +429,11 @@ class ObjectStore:
                 if not any(oid in p.objects for p in self.packs.values()):
                     have.discard(oid)
                     gone += 1
-        small = [p for p in self.packs.values() if p.size < SMALL]
-        groups = [small] if len(small) > 1 or (small and self.dead.intersection(small[0].objects)) else []
-        if not small_only:  # each pack holding dead objects on its own: a purge costs those packs
-            groups += [[p] for p in self.packs.values() if p.size >= SMALL and self.dead.intersection(p.objects)]
+        joined = to_join(self.packs.values())
+        groups = [joined] if len(joined) > 1 or (joined and self.dead.intersection(joined[0].objects)) else []
+        if not small_only:  # each other pack holding dead objects on its own: a purge costs those packs
+            chosen = {p.name for p in joined}
+            groups += [[p] for p in self.packs.values() if p.name not in chosen and self.dead.intersection(p.objects)]
         for group in groups:
             gone += self._rewrite(group, have)
         self.dead &= have
@@ -426,10 +449,11 @@ class ObjectStore:
             for pack in old:
                 fd = os.open(self.dir / "pack" / f"{pack.name}.pack", os.O_RDONLY | os.O_CLOEXEC)
                 try:
+                    whole = read_all(fd, pack.size) if pack.size < SMALL else None  # one read, not one per object
                     for oid, (off, length, crc) in sorted(pack.objects.items(), key=lambda kv: kv[1][0]):
                         if oid in self.dead or oid in kept:
                             continue
-                        raw = os.pread(fd, length, off)
+                        raw = whole[off : off + length] if whole is not None else os.pread(fd, length, off)
                         if len(raw) != length:
                             raise OSError(f"the pack {pack.name} is shorter than its index says")
                         writer.add_raw(oid, raw, crc)

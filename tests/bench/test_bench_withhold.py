@@ -74,7 +74,7 @@ from treegen import Tree, TreeSpec, big_tree
 
 BASELINE = os.environ.get("AIRLOCK_BENCH_BASELINE", "1e6f7fc")
 ROUNDS = 3  # timed rounds (each a fresh process per contender), after one untimed
-STEPS = 3  # timed stagings per round (10 files edited before each), after one untimed
+STEPS = 8  # timed stagings per round (10 files edited before each), after one untimed
 EDITS = 10
 REPO = Path(__file__).resolve().parents[2]
 MASK = "[REDACTED]"  # redact.MASK, in both revisions

@@ -327,6 +327,53 @@ def test_pack_verifies_and_a_purge_keeps_only_what_is_reachable(tmp_path: Path) 
         subprocess.run(["git", "verify-pack", str(p)], check=True, capture_output=True)
 
 
+def test_joins_leave_the_packs_geometric_and_a_purge_still_removes_every_dead_object(tmp_path: Path) -> None:
+    """A join takes the smallest packs while the next is under twice their sum: a cold build's
+    big trees pack waits until the refreshes' packs add up to half of it, instead of being
+    rewritten at every join; a full purge still leaves no dead object in any pack."""
+    from airlockd.staging.gitobjects import Pack, small_packs, to_join
+
+    def pack(name: str, size: int) -> Pack:
+        return Pack(name, {name.encode().ljust(20, b"-"): (12, size - 12, 0)})
+
+    refreshes = [pack(f"r{i}", 10_000) for i in range(9)]
+    trees, blobs = pack("trees", 1_400_000), [pack(f"b{i}", 32 << 20) for i in range(7)]
+    assert to_join([*blobs, trees, *refreshes]) == refreshes
+    assert to_join([*blobs, trees, pack("joined", 800_000), *refreshes[:2]]) == [*refreshes[:2]]
+    joins = [pack("j1", 400_000), pack("j2", 350_000), pack("j3", 300_000)]
+    assert [p.name for p in to_join([*blobs, trees, *joins])] == ["j3", "j2", "j1", "trees"]
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(300):
+        (tree / f"f{i}.txt").write_text(f"file {i}\n" * 900)  # a cold pack of 2.5 MB: small, but not as a refresh
+    head = gitcopy.Head("main")
+    repo = gitcopy.Repo(tree, None, split=True)
+    state = repo.build(head)
+    repo.commit(state, head)
+    olds: set[str] = set()
+    rewritten = everything = 0  # objects rewritten by the joins; by joins of every small pack
+    for step in range(200):
+        rel = f"f{step % 7}.txt"
+        olds.add(gitcopy.blob_id((tree / rel).read_bytes()))
+        (tree / rel).write_text(f"step {step}\n")
+        repo = gitcopy.Repo(tree, None, split=True)
+        state = repo.build(head, state, [rel])
+        repo.commit(state, head)
+        if len(small_packs(state.packs.values())) > gitcopy.MAX_PACKS:
+            rewritten += sum(len(p.objects) for p in to_join(state.packs.values()))
+            everything += sum(len(p.objects) for p in small_packs(state.packs.values()))
+            repo.purge(state, small_only=True)
+        assert len(small_packs(state.packs.values())) <= gitcopy.MAX_PACKS
+    assert rewritten * 2 < everything
+    repo.purge(state)
+    live = {gitcopy.blob_id((tree / f"f{i}.txt").read_bytes()) for i in range(7)}
+    stored = {line.split()[0] for line in git(tree, "cat-file", "--batch-all-objects", "--batch-check").splitlines()}
+    assert not (olds - live) & stored
+    assert git(tree, "fsck", "--unreachable", "--no-progress") == ""
+    git(tree, "fsck", "--strict", "--no-progress")
+
+
 def test_ewah_bitmaps_round_trip() -> None:
     import random
 

@@ -129,14 +129,13 @@ CHUNK = 1 << 20  # bytes of a proposed file scanned at once
 
 
 def find_secrets_in(
-    run_dir: Path, changes: Iterable[Change], detectors: Iterable[str], redactor: Redactor, *, max_bytes: int
+    run_dir: Path, changes: Iterable[Change], scanner: SecretScanner, redactor: Redactor, *, max_bytes: int
 ) -> dict[str, Secret]:
     """The secret each change carries, path -> Secret: in its name (any detector, or a value
-    `redactor` knows), else in the proposed bytes of a created or modified regular file (the
-    `detectors`, or a known value) or the target of a symlink (as a name). A file over
-    `max_bytes` is not read (the size cap denies it). Reads the staging copy only; never returns
-    or keeps the value found."""
-    scanner = SecretScanner(detectors)
+    `redactor` knows), else in the proposed bytes of a created or modified regular file (one of
+    `scanner`'s detectors, the policy's own included, or a known value) or the target of a
+    symlink (as a name). A file over `max_bytes` is not read (the size cap denies it). Reads the
+    staging copy only; never returns or keeps the value found."""
     found: dict[str, Secret] = {}
     for c in changes:
         in_name = _secret_in_name(c.path, redactor)

@@ -146,7 +146,7 @@ def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> 
     return find_secrets_in(
         svc.state.run_dir(rec.id),
         changes,
-        svc.policy.withhold.detectors,
+        svc.policy.withhold.scanner,
         svc.redactor,
         max_bytes=svc.policy.defaults.max_file_bytes,
     )

@@ -15,6 +15,8 @@ from __future__ import annotations
 import binascii
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -456,3 +458,28 @@ class SecretScanner:
                 break
         spans.append((lo, hi))
         return spans
+
+
+_SCANNERS: OrderedDict[tuple[tuple[str, ...], tuple[ExtraDetector, ...]], SecretScanner] = OrderedDict()
+_SCANNERS_LOCK = threading.Lock()
+SCANNERS_KEPT = 16
+
+
+def scanner_for(names: Iterable[str], extra: Iterable[ExtraDetector] = ()) -> SecretScanner:
+    """A scanner of these detectors, the same one for the same detectors (the last
+    SCANNERS_KEPT kept): building one costs about a millisecond, which every refresh of a
+    mirror and every proposed file would pay again. A scanner is never changed by a scan but
+    for when its prefilter compiles, which is safe to share."""
+    key = (tuple(names), tuple(extra))
+    with _SCANNERS_LOCK:
+        got = _SCANNERS.get(key)
+        if got is not None:
+            _SCANNERS.move_to_end(key)
+            return got
+    made = SecretScanner(*key)
+    with _SCANNERS_LOCK:
+        got = _SCANNERS.setdefault(key, made)
+        _SCANNERS.move_to_end(key)
+        while len(_SCANNERS) > SCANNERS_KEPT:
+            _SCANNERS.popitem(last=False)
+    return got

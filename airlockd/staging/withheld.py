@@ -18,7 +18,6 @@ from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
 from airlockd.staging.githead import is_git_entry
 from airlockd.staging.records import values_text
-from airlockd.staging.secretscan import SecretScanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them
 PRUNE = frozenset({".git", "node_modules", ".venv", "__pycache__"})  # never withheld wholesale; skip for speed
@@ -33,7 +32,7 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor,
     (`node_modules/pkg/.env`); a file, or every file under a directory."""
     withhold = policy.withhold_match
     above = policy.above(clearance)
-    names = SecretScanner(policy.withhold.detectors)
+    names = policy.withhold.scanner
     withheld_dirs: list[str] = []
 
     def hit(rel: str, is_dir: bool) -> bool:

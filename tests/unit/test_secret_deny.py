@@ -135,6 +135,36 @@ def test_secrets_in_a_proposal_are_denied_and_never_kept(tmp_path: Path, stager:
     _assert_nowhere(svc.state.root)
 
 
+def test_a_hit_of_the_workspaces_own_detector_in_a_proposal_is_denied(tmp_path: Path) -> None:
+    """The invariant asks every detector the policy uses, `[[withhold.custom]]` included (the
+    proposal's checks once asked only the built-in ones), in content and in names; and approving
+    hunks that would bring one in is refused too."""
+    acme = "acme_" + "Q7x" * 10 + "Zp"
+    custom = '[[withhold.custom]]\nname = "acme-token"\nregex = "acme_[A-Za-z0-9]{32}"\nmin_entropy = 2.0\n'
+    ws = workspace(tmp_path, PERMISSIVE + custom)
+
+    def agent(root: Path) -> bytes:
+        (root / "src" / "notes.txt").write_text(f"the key is {acme}\n")
+        (root / "src" / f"{acme}.txt").write_text("nothing here\n")
+        (root / "src" / "ok.py").write_text("OK = True\n")
+        return b"done\n"
+
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    rec = _run(svc)
+    by_path = {f.path: f for f in rec.files}
+    notes = by_path["src/notes.txt"]
+    assert (notes.decision, notes.rule) == (Decision.DENY, "invariant:secret-in-content")
+    assert "acme-token" in notes.reason and acme not in notes.reason
+    named = [f for f in rec.files if f.rule == "invariant:secret-in-name"]
+    assert len(named) == 1 and acme not in named[0].path
+    assert by_path["src/ok.py"].decision is Decision.AUTO
+    with pytest.raises(StateError, match="denied by invariant:secret-in-content"):
+        svc.review.approve(rec.id, ["src/notes.txt"])
+    assert svc.review.approve(rec.id).applied == ["src/ok.py"]
+    assert not (ws / "src" / "notes.txt").exists()
+    assert acme.encode() not in b"".join(p.read_bytes() for p in svc.state.root.rglob("*") if p.is_file())
+
+
 def test_a_symlink_whose_target_is_a_secret_is_denied_and_masked(tmp_path: Path) -> None:
     ws = workspace(tmp_path, PERMISSIVE)
 

@@ -36,7 +36,6 @@ from airlockd.resources import resource
 
 if TYPE_CHECKING:
     from airlockd.redact import ExtraDetector
-    from airlockd.staging.secretscan import SecretScanner
 
 POLICY_FILE = "policies.toml"
 
@@ -275,14 +274,6 @@ class Withhold(_Model):
     def extra_detectors(self) -> list[ExtraDetector]:
         """The workspace's own detectors (`custom`), compiled."""
         return [d.detector for d in self.custom]
-
-    @cached_property
-    def scanner(self) -> SecretScanner:
-        """The scanner of every detector this policy uses, the built-in and the workspace's own
-        (one per policy: staging, the proposal's checks and the learning walk all ask for it)."""
-        from airlockd.staging.secretscan import scanner_for
-
-        return scanner_for(self.detectors, self.extra_detectors)
 
     @field_validator("custom")
     @classmethod

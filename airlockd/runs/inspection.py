@@ -20,6 +20,7 @@ from airlockd.runs.content import find_secrets_in, hidden_in
 from airlockd.runs.execution import count_violation
 from airlockd.staging import stagers
 from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
+from airlockd.staging.secretscan import policy_scanner
 from airlockd.staging.withheld import learn as learn_withheld
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def carried_secrets(svc: Service, rec: RunRecord, changes: Iterable[Change]) -> 
     return find_secrets_in(
         svc.state.run_dir(rec.id),
         changes,
-        svc.policy.withhold.scanner,
+        policy_scanner(svc.policy.withhold),
         svc.redactor,
         max_bytes=svc.policy.defaults.max_file_bytes,
     )

@@ -26,6 +26,7 @@ from airlockd.policy import Decision, Policy
 from airlockd.records import Applied, ConflictCause, FileReview, FileState, RunRecord, RunState
 from airlockd.runs.content import ProposalContent, scan_bytes
 from airlockd.runs.lifecycle import RunLifecycle
+from airlockd.staging.secretscan import policy_scanner
 from airlockd.staging.stagers import proposed_path
 from airlockd.state import StateDir
 from airlockd.store import Store
@@ -427,7 +428,7 @@ class Review:
                 mode = after.mode if after else base.mode if base else 0o644
                 entry = Entry(Kind.FILE, mode, len(content), hashlib.sha256(content).hexdigest())
                 policy = self._policy()
-                hit = scan_bytes(content, policy.withhold.scanner, self.content.redactor)
+                hit = scan_bytes(content, policy_scanner(policy.withhold), self.content.redactor)
                 check = classify(
                     ChangeSet([Change(f.path, ChangeKind.MODIFIED, Entry.from_json_or_none(f.before), entry)]),
                     policy,

@@ -40,6 +40,7 @@ from airlockd.staging.records import (
     special_rule,
     values_text,
 )
+from airlockd.staging.secretscan import policy_scanner
 
 READ_WHOLE = 8 << 20  # files up to this size are read in one buffer; larger ones stream
 REDACT_READ = 1 << 20  # at most this much of a withheld file feeds the redactor
@@ -62,7 +63,7 @@ class StagingWalk:
         self.owner = owner
         self.redactor = redactor
         self.progress = progress
-        self.scanner = policy.withhold.scanner
+        self.scanner = policy_scanner(policy.withhold)
         self.withheld_path = policy.withhold_match
         # Only labels above the clearance matter: a path is above it when any of them matches.
         self.above = policy.above(clearance)

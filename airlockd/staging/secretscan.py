@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airlockd.policy import Withhold
 from airlockd.redact import DETECTORS, PEM_BEGIN_B64, ExtraDetector
 from airlockd.staging import prefilter as one_pass
 
@@ -463,6 +464,12 @@ class SecretScanner:
 _SCANNERS: OrderedDict[tuple[tuple[str, ...], tuple[ExtraDetector, ...]], SecretScanner] = OrderedDict()
 _SCANNERS_LOCK = threading.Lock()
 SCANNERS_KEPT = 16
+
+
+def policy_scanner(withhold: Withhold) -> SecretScanner:
+    """The scanner of every detector a policy uses, the built-in and the workspace's own
+    (`[[withhold.custom]]`): staging, the proposal's checks and the learning walk all ask this."""
+    return scanner_for(withhold.detectors, withhold.extra_detectors)
 
 
 def scanner_for(names: Iterable[str], extra: Iterable[ExtraDetector] = ()) -> SecretScanner:

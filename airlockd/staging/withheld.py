@@ -18,6 +18,7 @@ from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
 from airlockd.staging.githead import is_git_entry
 from airlockd.staging.records import values_text
+from airlockd.staging.secretscan import policy_scanner
 
 READ_LIMIT = 1 << 20  # per file, as staging reads them
 PRUNE = frozenset({".git", "node_modules", ".venv", "__pycache__"})  # never withheld wholesale; skip for speed
@@ -32,7 +33,7 @@ def learn(workspace: Path, policy: Policy, clearance: Level, redactor: Redactor,
     (`node_modules/pkg/.env`); a file, or every file under a directory."""
     withhold = policy.withhold_match
     above = policy.above(clearance)
-    names = policy.withhold.scanner
+    names = policy_scanner(policy.withhold)
     withheld_dirs: list[str] = []
 
     def hit(rel: str, is_dir: bool) -> bool:

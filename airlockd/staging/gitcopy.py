@@ -9,7 +9,7 @@ commit; a workspace that is no repository gets no `.git` at all), author and com
 `airlockd <airlockd@localhost>` at a fixed date, so identical trees give identical commits. No
 reflogs, no other refs, no remotes, no hooks, a minimal config; the object store holds the
 objects reachable from that commit (and, in a mirror between walks, nothing but earlier versions
-of its own staged files: see `MirrorRepos.refresh`). Everything is owned by the run's owner, so the agent can
+of its own staged files: see `mirrorrepo.MirrorRepos.refresh`). Everything is owned by the run's owner, so the agent can
 `git status`, `git diff`, `git add` and `git commit` as its own uid.
 
 The objects are written here, not by the `git` binary (`git add` of the 20,000-file benchmark
@@ -19,11 +19,11 @@ copy); the index (staging/gitindex.py) carries each file's `lstat` data, so `git
 container trusts it without reading the files (with `core.trustctime=false`: a hard-link clone
 of a mirror generation changes every ctime, never a file's inode, mtime or size).
 
-The mirror (staging/mirror.py) keeps its repository in each generation and brings it up to date
-on every refresh (`MirrorRepos.refresh`): a file whose node is unchanged keeps its object, the
+The mirror (staging/mirror.py) keeps its repository (staging/mirrorrepo.py) in each generation and brings it up to date
+on every refresh (`mirrorrepo.MirrorRepos.refresh`): a file whose node is unchanged keeps its object, the
 trees above a change are rewritten, a split index records what changed, objects no longer
 referenced are marked dead (counted, so a refresh costs what changed, not the tree's size) and
-removed by the next purge (see `MirrorRepos.refresh`). Within a process that
+removed by the next purge (see `mirrorrepo.MirrorRepos.refresh`). Within a process that
 state is kept in memory (vouched for by the index file's identity); another process rebuilds it
 from the index on disk. Generations are hard-link clones (`cp -al`): no file is ever written in
 place (new objects and packs are new files, dead ones unlinked; the index, the shared index,
@@ -39,7 +39,6 @@ import hashlib
 import os
 import shutil
 import stat
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from airlockd.pipeline.manifest import Entry, Kind, Manifest
 from airlockd.staging.fdtree import read_all, write_all
 from airlockd.staging.githead import DOTGIT, RULE, Head, git_data, is_git_dir, is_git_entry, workspace_head
 from airlockd.staging.gitindex import git_mode, index_file, pack_entry, read_index
-from airlockd.staging.gitobjects import ObjectStore, blob_id, object_id, small_packs, stored_zlib
+from airlockd.staging.gitobjects import ObjectStore, blob_id, object_id, stored_zlib
 from airlockd.staging.gitstate import (
     IndexEntry,
     RepoState,
@@ -62,7 +61,6 @@ from airlockd.staging.packer import Packed, Packer
 
 __all__ = [
     "DOTGIT",
-    "MIRRORS",
     "RULE",
     "Head",
     "blob_id",
@@ -91,7 +89,6 @@ CONFIG = (
     b"[splitIndex]\n"
     b"\tsharedIndexExpire = never\n"
 )
-MAX_PACKS = 16  # past this many small packs (one per refresh that changed something), some are joined
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -439,103 +436,3 @@ def build_copy(staging: Path, workspace: Path, owner: tuple[int, int] | None) ->
     state = repo.build(head)
     repo.commit(state, head)
     return repo.manifest()
-
-
-def cold_packer(tree: Path, workspace: Path, owner: tuple[int, int] | None) -> Packer | None:
-    """A packer (staging/packer.py) for a generation built from nothing, when the workspace is a
-    repository; its blobs are the repository's once the walk is done (`MirrorRepos.refresh`)."""
-    if not ENABLED or (tree / DOTGIT).exists() or workspace_head(workspace) is None:
-        return None
-    tree.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return Packer.start(tree, owner)
-
-
-class MirrorRepos:
-    """Each mirror's fresh repository, as this process last wrote it (keyed by the mirror root)."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, RepoState] = {}
-        self._lock = threading.Lock()
-
-    def refresh(
-        self,
-        mirror_root: Path,
-        tree: Path,
-        workspace: Path,
-        owner: tuple[int, int] | None,
-        base: Manifest | None = None,
-        *,
-        changed: Iterable[str] | None = None,
-        purge: bool = False,
-        packer: Packer | None = None,
-    ) -> None:
-        """Bring the repository in the mirror generation `tree` up to date with that tree.
-
-        With a state this process wrote whose index is still the one on disk, only some paths
-        are looked at: `changed` when the caller knows them (the keeper's incremental refresh,
-        `base` then the manifest they are part of), else those whose entries differ between the
-        `base` given last time and this one (a walk). Otherwise every node is `lstat`ed.
-
-        `purge` (a walk's, and an incremental refresh's that withheld something new or saw a
-        withheld file change: keeper.py) removes the dead objects and joins the small packs.
-        Between purges the store may keep earlier versions of files this mirror staged, each
-        under the same policy and the same withheld files, so none can hold a value the redactor
-        has learnt since (docs/staging.md, "What a mirror's store may still hold")."""
-        if not ENABLED:
-            return
-        head = workspace_head(workspace)
-        key = str(mirror_root)
-        with self._lock:
-            if head is None:
-                if packer is not None:
-                    packer.abandon()
-                self._states.pop(key, None)
-                if (tree / DOTGIT).is_dir() and not (tree / DOTGIT).is_symlink():
-                    shutil.rmtree(tree / DOTGIT)
-                return
-            repo = Repo(tree, owner, split=True)
-            state = self._states.pop(key, None)
-            paths: list[str] | None = None
-            if state is not None and packer is None and self._vouched(tree, state):
-                if changed is not None:
-                    paths = list(changed)
-                    if base is not None:
-                        for rel in paths:
-                            e = base.get(rel)
-                            if e is None:
-                                state.manifest.pop(rel, None)
-                            else:
-                                state.manifest[rel] = e
-                elif base is not None:
-                    paths = _differs(state.manifest, base)
-            if paths is None:
-                state = None
-            state = repo.build(head, state, paths, packer)
-            repo.commit(state, head)
-            if purge or len(small_packs(state.packs.values())) > MAX_PACKS:
-                repo.purge(state, small_only=not purge)
-            if paths is None or changed is None:
-                state.manifest = dict(base) if base is not None else {}
-            self._states[key] = state
-
-    @staticmethod
-    def _vouched(tree: Path, state: RepoState) -> bool:
-        try:
-            st = os.lstat(tree / DOTGIT / "index")
-        except OSError:
-            return False
-        return (st.st_ino, st.st_size, st.st_mtime_ns) == state.index_id
-
-    def forget(self, mirror_root: Path) -> None:
-        with self._lock:
-            self._states.pop(str(mirror_root), None)
-
-
-def _differs(old: Manifest, new: Manifest) -> list[str]:
-    """The paths whose entries differ between two manifests (same objects are not compared)."""
-    out = [rel for rel, e in new.items() if old.get(rel) is not e and old.get(rel) != e]
-    out.extend(rel for rel in old.keys() - new.keys())
-    return out
-
-
-MIRRORS = MirrorRepos()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from airlockd.policy import Level, Policy
 from airlockd.redact import MASK, Redactor
-from airlockd.staging import gitcopy
+from airlockd.staging import mirrorrepo
 from airlockd.staging.mirror import Mirror, MirrorView, mirror_for, policy_digest
 from airlockd.staging.mirrorstager import RefreshStats, dump
 from airlockd.staging.records import Ident
@@ -271,7 +271,7 @@ class MirrorKeeper:
                 line = apply(self.workspace, st, changes, stager, mirror.tree(gen), stamp, stats)
                 if redactor is not None and redactor.names_known > known:
                     stager.identity_changed = True  # a credential learnt now: only a walk sees every name
-                gitcopy.MIRRORS.refresh(
+                mirrorrepo.MIRRORS.refresh(
                     mirror.root,
                     mirror.tree(gen),
                     self.workspace,

@@ -40,7 +40,7 @@ from airlockd.fsutil import atomic_write_bytes
 from airlockd.pipeline.manifest import Entry, Kind
 from airlockd.policy import Level, Policy
 from airlockd.redact import Redactor
-from airlockd.staging import gitcopy
+from airlockd.staging import mirrorrepo
 from airlockd.staging.fdtree import O_DIR
 from airlockd.staging.mirrorstager import (
     FORMAT,
@@ -166,11 +166,11 @@ class Mirror:
             self.begin(gen)
             stamp = self.stamp()
             stager = MirrorStager(policy, clearance, owner, redactor, progress, cache=cache)
-            packer = gitcopy.cold_packer(self.tree(gen), workspace, owner)
+            packer = mirrorrepo.cold_packer(self.tree(gen), workspace, owner)
             stager.placed = packer.add if packer is not None else None
             try:
                 self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-                gitcopy.MIRRORS.refresh(
+                mirrorrepo.MIRRORS.refresh(
                     self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, packer=packer
                 )
             except BaseException:

@@ -436,10 +436,10 @@ class _Round:
 
     def _time_repo(self) -> None:
         try:  # the current code only: the baseline has no fresh repository
-            from airlockd.staging import gitcopy
+            from airlockd.staging import mirrorrepo
         except ImportError:
             return
-        refresh = gitcopy.MIRRORS.refresh
+        refresh = mirrorrepo.MIRRORS.refresh
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -448,7 +448,7 @@ class _Round:
             finally:
                 self.repo.append(time.perf_counter() - t0)
 
-        gitcopy.MIRRORS.refresh = timed  # type: ignore[method-assign]
+        mirrorrepo.MIRRORS.refresh = timed  # type: ignore[method-assign]
 
     def refresh(self, run_id: str | None = None, walk: bool = False) -> Any:
         return self.keeper.refresh(

@@ -16,7 +16,7 @@ from githistory import SECRET, git, history_workspace
 
 from airlockd.policy import Level, Policy, load_policy
 from airlockd.redact import Redactor
-from airlockd.staging import gitcopy
+from airlockd.staging import gitcopy, mirrorrepo
 from airlockd.staging.copy import stage
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.mirror import Mirror
@@ -130,7 +130,7 @@ def test_mirror_holds_a_fresh_repository_kept_exact_across_refreshes(
     assert assert_fresh_repo(old_tree, {"src/app.py", "README.md"}) == first  # the clone left it whole
     assert git(old_tree, "show", "HEAD:src/app.py") == "KEY = None\n" and not (old_tree / "docs").exists()
     # another process (no state in memory): rebuilt from the index on disk, the same commit
-    gitcopy.MIRRORS.forget(mirror.root)
+    mirrorrepo.MIRRORS.forget(mirror.root)
     view3 = mirror.refresh(ws, policy, Level.INTERNAL)
     assert git(view3.tree, "rev-parse", "HEAD").strip() == second
     assert_no_secret(view3.tree)
@@ -360,11 +360,11 @@ def test_joins_leave_the_packs_geometric_and_a_purge_still_removes_every_dead_ob
         repo = gitcopy.Repo(tree, None, split=True)
         state = repo.build(head, state, [rel])
         repo.commit(state, head)
-        if len(small_packs(state.packs.values())) > gitcopy.MAX_PACKS:
+        if len(small_packs(state.packs.values())) > mirrorrepo.MAX_PACKS:
             rewritten += sum(len(p.objects) for p in to_join(state.packs.values()))
             everything += sum(len(p.objects) for p in small_packs(state.packs.values()))
             repo.purge(state, small_only=True)
-        assert len(small_packs(state.packs.values())) <= gitcopy.MAX_PACKS
+        assert len(small_packs(state.packs.values())) <= mirrorrepo.MAX_PACKS
     assert rewritten * 2 < everything
     repo.purge(state)
     live = {gitcopy.blob_id((tree / f"f{i}.txt").read_bytes()) for i in range(7)}

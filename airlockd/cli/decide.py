@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airlockd.cli.show import RunDoc, print_run, run_doc, run_json
 from airlockd.cli.streams import FilteredText
 from airlockd.errors import AirlockError, UsageError, from_json
+from airlockd.interpreter import module_command
 
 if TYPE_CHECKING:
     from airlockd.lsp.client import Daemon
@@ -89,15 +90,7 @@ def cmd_run(args: argparse.Namespace) -> Any:
         import subprocess
 
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "airlockd",
-                "--workspace",
-                str(svc.workspace),
-                "_execute",
-                rec.id,
-            ],
+            module_command("airlockd", "--workspace", str(svc.workspace), "_execute", rec.id),
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -12,11 +12,12 @@ import contextlib
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from airlockd.interpreter import module_command
 
 SOCKET_NAME = "control.sock"  # lsp/control.py
 INFO_NAME = "serve.json"
@@ -179,17 +180,9 @@ def start_background(workspace: Path, state_root: Path) -> Daemon:
     try:
         with open(log, "ab") as log_file:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "airlockd",
-                    "--workspace",
-                    str(workspace),
-                    "serve",
-                    "--background",
-                    "--ready-fd",
-                    str(theirs_w),
-                ],
+                module_command(
+                    "airlockd", "--workspace", str(workspace), "serve", "--background", "--ready-fd", str(theirs_w)
+                ),
                 start_new_session=True,  # not ended with the terminal or the command that started it
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

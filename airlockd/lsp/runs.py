@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 from pygls.capabilities import get_capability
 
 from airlockd.errors import AirlockError
+from airlockd.interpreter import module_command
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
 from airlockd.protocol import ProgressEvent, RunDone, RunEvent, RunStatusEvent
@@ -148,10 +148,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
     proc: Any = await ls.launcher.spawn(argv) if ls.launcher is not None else None  # forked: no start-up
     if proc is None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            carrier.MODULE,
-            *argv,
+            *module_command(carrier.MODULE, *argv),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -35,6 +35,8 @@ import socket
 import sys
 from pathlib import Path
 
+from airlockd.interpreter import module_command
+
 log = logging.getLogger(__name__)
 
 _MAX_MSG = 1 << 16
@@ -157,13 +159,7 @@ class Launcher:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                MODULE,
-                "--workspace",
-                str(workspace),
-                "--fd",
-                str(theirs.fileno()),
+                *module_command(MODULE, "--workspace", str(workspace), "--fd", str(theirs.fileno())),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,  # the daemon's stdout may be its LSP channel

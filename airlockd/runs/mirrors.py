@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from airlockd.interpreter import module_command
 from airlockd.policy import Level, load_policy
 from airlockd.runs.execution import mirror_owner
 from airlockd.runs.service import Service
@@ -52,7 +53,7 @@ def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
     """A keeper's `walker` that walks in a new process (`walk_here` there), for the daemon."""
 
     def walk(clearance: Level) -> None:
-        cmd = [sys.executable, "-m", MODULE, "--workspace", str(workspace), "--clearance", clearance.value]
+        cmd = module_command(MODULE, "--workspace", str(workspace), "--clearance", clearance.value)
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

@@ -7,11 +7,11 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airlockd.errors import EngineError, NotFoundError, UsageError
+from airlockd.interpreter import module_command
 from airlockd.pipeline.commit import recover
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import execution
@@ -123,7 +123,7 @@ def reattach(svc: Service, rec: RunRecord) -> bool:
     log_file = svc.state.run_dir(rec.id) / "daemon.log"
     with log_file.open("ab") as err:
         subprocess.Popen(
-            [sys.executable, "-m", "airlockd.runs.carrier", "--workspace", str(svc.workspace), "--resume", rec.id],
+            module_command("airlockd.runs.carrier", "--workspace", str(svc.workspace), "--resume", rec.id),
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

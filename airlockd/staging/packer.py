@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from airlockd.interpreter import module_command
 from airlockd.staging.fdtree import read_all
 from airlockd.staging.gitobjects import ObjectStore
 
@@ -65,7 +66,7 @@ class Packer:
     def start(cls, tree: Path, owner: tuple[int, int] | None) -> Packer | None:
         """A child packing into `tree/.git/objects/pack` (the directories made here, owned by
         `owner`), or None when none can be started."""
-        cmd = [sys.executable, "-m", MODULE, str(tree)]
+        cmd = module_command(MODULE, str(tree))
         if owner is not None:
             cmd += [str(owner[0]), str(owner[1])]
         errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by finish or abandon)

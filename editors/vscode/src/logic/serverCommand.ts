@@ -107,7 +107,7 @@ export function findAirlockd(
 }
 
 /** `airlockd --workspace <folder> [serverArgs] serve --stdio`, through the interpreter when one is
- * set (`python -m airlockd …`), else the `airlockd.path` command, else the `airlockd` that
+ * set (`python -P -m airlockd …`), else the `airlockd.path` command, else the `airlockd` that
  * `findAirlockd` finds (with the daemon's environment: PATH and HOME as the daemon would see them).
  * Never a shell: arguments are passed as they are. Throws `AirlockdNotFound`. */
 export function buildServerCommand(
@@ -122,7 +122,9 @@ export function buildServerCommand(
   let head: string[];
   let source: string;
   if (settings.interpreter.length) {
-    [head, source] = [[...settings.interpreter, "-m", "airlockd"], "airlockd.interpreter"];
+    // -P: the workspace folder (the daemon's cwd) never on sys.path, so a workspace's own
+    // `airlockd/` package is never imported in place of the installed one (Python 3.11+)
+    [head, source] = [[...settings.interpreter, "-P", "-m", "airlockd"], "airlockd.interpreter"];
   } else if (settings.path.length) {
     [head, source] = [settings.path, "airlockd.path"];
   } else {

@@ -87,7 +87,7 @@ test("interpreter wins over path and runs the module; no search", () => {
   const cmd = buildServerCommand(s, "/ws", {}, fs.isExecutable);
   assert.equal(cmd.command, "/ws/.venv/bin/python");
   assert.equal(cmd.source, "airlockd.interpreter");
-  assert.deepEqual(cmd.args, ["-m", "airlockd", "--workspace", "/ws", "-v", "serve", "--stdio"]);
+  assert.deepEqual(cmd.args, ["-P", "-m", "airlockd", "--workspace", "/ws", "-v", "serve", "--stdio"]);
   assert.deepEqual(cmd.env, { AIRLOCK_STATE_DIR: "/ws/.st" });
   assert.deepEqual(fs.asked, []);
 });

@@ -27,9 +27,13 @@ def is_sparse(st: os.stat_result) -> bool:
     return st.st_blocks * 512 + SPARSE_SLACK < st.st_size
 
 
+MAX_READ = 0x7FFFF000  # the most one read(2) returns on Linux, whatever was asked
+
+
 def read_all(fd: int, size: int) -> bytes:
-    data = os.read(fd, size + 1)  # a short read of a regular file is its end
-    if len(data) <= size:
+    """The whole regular file open as `fd`, `size` bytes expected (more are read if it grew)."""
+    data = os.read(fd, size + 1)  # a short read of a regular file is its end, unless read(2)'s own cap
+    if len(data) <= size and len(data) < MAX_READ:
         return data
     parts = [data]
     while chunk := os.read(fd, CHUNK):

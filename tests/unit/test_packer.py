@@ -167,3 +167,22 @@ def test_a_cold_build_packs_in_the_child_and_keeps_out_what_the_walk_dropped(
     assert "aaa-copy.txt" in added and not (view.tree / "aaa-copy.txt").exists()
     assert_fresh_repo(view.tree, {"src/app.py", "README.md"})
     assert_not_in_store(view.tree, b"the-value-of-dot-env-")
+
+
+def test_a_read_cut_at_the_kernels_cap_is_not_taken_for_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read(2) returns at most MAX_READ bytes (about 2 GiB): a file bigger than that was cut
+    there, its blob and the index then wrong (attack review). Played with a small cap."""
+    from airlockd.staging import fdtree
+
+    data = os.urandom(10_000)
+    (tmp_path / "big").write_bytes(data)
+    real = os.read
+    monkeypatch.setattr(fdtree, "MAX_READ", 4096)
+    monkeypatch.setattr(fdtree.os, "read", lambda fd, n: real(fd, min(n, 4096)))
+    fd = os.open(tmp_path / "big", os.O_RDONLY)
+    try:
+        assert fdtree.read_all(fd, len(data)) == data
+    finally:
+        os.close(fd)

@@ -17,7 +17,9 @@ from airlockd.staging.gitobjects import small_packs
 from airlockd.staging.gitstate import RepoState
 from airlockd.staging.packer import Packer
 
-MAX_PACKS = 16  # past this many small packs (one per refresh that changed something), some are joined
+MAX_PACKS = 50  # past this many small packs (one per refresh that changed something), some are joined: git's own
+# gc.autoPackLimit. Walks (every few minutes, in the daemon's other process) join them first, so a
+# run's refresh rarely pays a join
 
 
 def cold_packer(tree: Path, workspace: Path, owner: tuple[int, int] | None) -> Packer | None:

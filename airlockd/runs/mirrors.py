@@ -64,7 +64,9 @@ def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
 
 def walk_here(workspace: Path, level: Level) -> dict[str, int]:
     """Walk the workspace into the mirror of one clearance and dump the mirror's whole state,
-    for the keeper that asked (it loads the dump)."""
+    for the keeper that asked (it loads the dump, and brings the generation's repository up to
+    date itself: with the state it keeps of it, that costs what changed, where this process,
+    which has none, would rescan the whole tree and leave the keeper's state stale)."""
     state = StateDir.for_workspace(workspace).ensure()
     store = Store(state)
 
@@ -76,7 +78,7 @@ def walk_here(workspace: Path, level: Level) -> dict[str, int]:
 
     policy = load_policy(workspace).policy
     view = mirror_for(state.root, level).refresh(
-        workspace, policy, level, owner=mirror_owner(), is_live=live, dump=True
+        workspace, policy, level, owner=mirror_owner(), is_live=live, dump=True, repo=False
     )
     return {"generation": view.generation, "serial": view.serial, "files": view.result.files}
 

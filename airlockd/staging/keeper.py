@@ -185,6 +185,11 @@ class MirrorKeeper:
                     loaded = mirror.load_state(digest)
                     gen = mirror.current()
                     if loaded is not None and gen is not None:
+                        # the walk left the repository to us (`walk_here`): what changed only,
+                        # with the state this process keeps; purged, as at every walk
+                        mirrorrepo.MIRRORS.refresh(
+                            mirror.root, mirror.tree(gen), self.workspace, owner, loaded[1].base, purge=True
+                        )
                         if run_id is not None:
                             mirror.reference(gen, run_id)
                         stats = RefreshStats(generation=gen)

@@ -145,9 +145,13 @@ class Mirror:
         run_id: str | None = None,
         is_live: Callable[[str], bool] = lambda run_id: True,
         dump: bool = False,
+        repo: bool = True,
     ) -> MirrorView:
         """Bring the mirror up to date with `workspace` by a walk and return the generation to
         use; with `run_id`, that generation is referenced by the run until `release(run_id)`.
+        Without `repo`, a generation that has its repository already keeps it as it was: the
+        keeper that asked for this walk (from another process) brings it up to date itself, with
+        the state it keeps of it (keeper.py, `_walk`); a cold build still builds it here.
         With `dump`, the whole state is written (for `load_state`) even when nothing changed."""
         t0 = time.monotonic()
         digest = policy_digest(policy, clearance)
@@ -170,9 +174,10 @@ class Mirror:
             stager.placed = packer.add if packer is not None else None
             try:
                 self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-                mirrorrepo.MIRRORS.refresh(
-                    self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, packer=packer
-                )
+                if repo or packer is not None:
+                    mirrorrepo.MIRRORS.refresh(
+                        self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, packer=packer
+                    )
             except BaseException:
                 if packer is not None:
                     packer.abandon()  # stopped, what it wrote removed

@@ -374,6 +374,47 @@ def test_joins_leave_the_packs_geometric_and_a_purge_still_removes_every_dead_ob
     git(tree, "fsck", "--strict", "--no-progress")
 
 
+def test_after_a_walk_in_another_process_the_keeper_brings_the_repository_up_by_what_changed(
+    tmp_path: Path, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon walks in another process every few minutes; that process leaves the
+    generation's repository to the keeper, which updates it by what the walk changed with the
+    state it keeps (it used to rescan the whole tree on the next run's refresh: 0.6 s on the
+    benchmark tree), and purges as every walk does."""
+    from airlockd.runs.mirrors import walk_elsewhere
+    from airlockd.state import StateDir
+
+    ws = history_workspace(tmp_path, packed=False)
+    monkeypatch.setenv("AIRLOCK_STATE_DIR", str(tmp_path / "states"))
+    safe = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
+    for key, value in safe.items():  # as root, the walk's process gives the mirror to the agent's uid
+        monkeypatch.setenv(key, value)
+    state = StateDir.for_workspace(ws).ensure()
+    scans: list[int] = []
+    real_scan = gitcopy.Repo._scan
+    monkeypatch.setattr(gitcopy.Repo, "_scan", lambda self, *a, **k: scans.append(1) or real_scan(self, *a, **k))
+    keeper = MirrorKeeper(ws, state.root, walker=walk_elsewhere(ws))
+    if keeper.start() is not None:
+        pytest.skip(f"no inotify: {keeper.why}")
+    try:
+        keeper.refresh(policy, Level.INTERNAL)  # the cold build elsewhere, then one rescan here
+        assert scans == [1]
+        old = gitcopy.blob_id((ws / "src/app.py").read_bytes())
+        (ws / "src/app.py").write_text("KEY = 'edited'\n")
+        keeper.refresh(policy, Level.INTERNAL)
+        view = keeper.refresh(policy, Level.INTERNAL, walk=True)  # the periodic walk, elsewhere
+        stored = git(view.tree, "cat-file", "--batch-all-objects", "--batch-check")
+        assert old not in stored  # the walk's purge happened
+        before = frozenset(line.split()[0] for line in git(view.tree, "rev-list", "--objects", "--all").splitlines())
+        (ws / "README.md").write_text("# project, edited after the walk\n")
+        view = keeper.refresh(policy, Level.INTERNAL)
+        assert scans == [1]  # never the whole tree again
+        assert_fresh_repo(view.tree, {"src/app.py", "README.md"}, earlier=before)  # until the next purge
+        assert git(view.tree, "show", "HEAD:README.md") == "# project, edited after the walk\n"
+    finally:
+        keeper.close()
+
+
 def test_ewah_bitmaps_round_trip() -> None:
     import random
 

@@ -90,10 +90,11 @@ class Pack:
 
     name: str
     objects: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # oid -> offset, length, crc32
+    end: int = 0  # where its objects end (its size but the trailer), when the writer or reader knew it
 
     @functools.cached_property
     def size(self) -> int:
-        return max((off + length for off, length, _ in self.objects.values()), default=12)
+        return self.end or max((off + length for off, length, _ in self.objects.values()), default=12)
 
 
 def small_packs(packs: Iterable[Pack]) -> list[Pack]:
@@ -225,7 +226,7 @@ class PackWriter:
             whole.update(trailer)
             digests[f"objects/pack/{name}.pack"] = Entry(Kind.FILE, 0o444, self.offset + 20, whole.hexdigest())
             digests[f"objects/pack/{name}.idx"] = Entry(Kind.FILE, 0o444, len(idx), hashlib.sha256(idx).hexdigest())
-        return Pack(name, self.objects)
+        return Pack(name, self.objects, self.offset)
 
 
 def _writev_all(fd: int, pieces: list[bytes | memoryview]) -> None:
@@ -304,7 +305,8 @@ def read_pack(pack_dir: Path, name: str) -> Pack | None:
             offs.append(raw)
     ends = [*sorted(offs), size - 20]
     after = {off: ends[i + 1] for i, off in enumerate(sorted(offs))}
-    return Pack(name, {oid: (off, after[off] - off, crc) for oid, off, crc in zip(oids, offs, crcs, strict=True)})
+    objects = {oid: (off, after[off] - off, crc) for oid, off, crc in zip(oids, offs, crcs, strict=True)}
+    return Pack(name, objects, size - 20 if objects else 12)
 
 
 class ObjectStore:

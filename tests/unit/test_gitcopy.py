@@ -310,6 +310,7 @@ def test_pack_verifies_and_a_purge_keeps_only_what_is_reachable(tmp_path: Path) 
     name = pack.name[:-5]
     back = read_pack(pack.parent, name)
     assert back is not None and back.objects == state.packs[name].objects
+    assert back.size == state.packs[name].size == pack.stat().st_size - 20  # where its objects end
     old = gitcopy.blob_id((tree / "f3.bin").read_bytes())
     (tree / "f3.bin").write_bytes(b"now other bytes\n")
     (tree / "f4.bin").unlink()

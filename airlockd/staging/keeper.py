@@ -186,9 +186,19 @@ class MirrorKeeper:
                     gen = mirror.current()
                     if loaded is not None and gen is not None:
                         # the walk left the repository to us (`walk_here`): what changed only,
-                        # with the state this process keeps; purged, as at every walk
+                        # with the state this process keeps, and the nodes it renewed; purged,
+                        # as at every walk. Without its record, the whole tree is looked at.
+                        renewed = mirror.left_to_keeper(gen)
+                        if renewed is None:
+                            mirrorrepo.MIRRORS.forget(mirror.root)
                         mirrorrepo.MIRRORS.refresh(
-                            mirror.root, mirror.tree(gen), self.workspace, owner, loaded[1].base, purge=True
+                            mirror.root,
+                            mirror.tree(gen),
+                            self.workspace,
+                            owner,
+                            loaded[1].base,
+                            purge=True,
+                            also=renewed or (),
                         )
                         if run_id is not None:
                             mirror.reference(gen, run_id)

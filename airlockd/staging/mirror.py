@@ -55,6 +55,8 @@ from airlockd.staging.mirrorstager import dump as dump_cache
 from airlockd.staging.mirrorstager import load as load_cache_bytes
 from airlockd.staging.records import Ident, StageResult, StagingError, Withheld
 
+LEFT = "left-to-keeper.json"  # a walk that left the repository to the keeper: the nodes it renewed
+
 __all__ = ["Cached", "Mirror", "MirrorView", "RefreshStats", "mirror_for", "policy_digest"]
 
 
@@ -174,7 +176,8 @@ class Mirror:
             stager.placed = packer.add if packer is not None else None
             try:
                 self._walk(workspace, self.tree(gen), stager, cache.keys() | others)
-                if repo or packer is not None:
+                left = not repo and packer is None and (self.tree(gen) / ".git").is_dir()
+                if not left:
                     mirrorrepo.MIRRORS.refresh(
                         self.root, self.tree(gen), workspace, owner, stager.result.base, purge=True, packer=packer
                     )
@@ -188,12 +191,35 @@ class Mirror:
             if not cache or changed or dump:
                 self.write_cache(dump_cache(stager.new, stager.result.base, digest, stamp, stager.result))
             serial = self.end(gen, changed or not cache or cloned, run_id, is_live)
+            self._left_to_keeper(gen, serial, stager.rewritten if left else None)
         stats = stager.stats
         stats.generation, stats.cold, stats.cloned = gen, not cache, cloned
         stats.seconds = time.monotonic() - t0
         return MirrorView(gen, self.tree(gen), stager.result, stats, stager.new, serial)
 
     # -- the steps of a refresh, for the walk above and the keeper's incremental one -------------
+
+    def _left_to_keeper(self, gen: int, serial: int, rewritten: list[str] | None) -> None:
+        """Record the nodes a walk that left the repository alone gave new inodes (same content
+        and mode, new mtime: no manifest difference shows them), for the keeper that updates the
+        repository (`left_to_keeper`); removed after any walk that updated it itself."""
+        path = self.root / LEFT
+        if rewritten is None:
+            path.unlink(missing_ok=True)
+            return
+        atomic_write_bytes(path, json.dumps({"generation": gen, "serial": serial, "rewritten": rewritten}).encode())
+
+    def left_to_keeper(self, gen: int) -> list[str] | None:
+        """What the last walk recorded with `_left_to_keeper`, if it was of `gen` and is the
+        mirror's latest (under the lock); None otherwise."""
+        try:
+            doc = json.loads((self.root / LEFT).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("generation") != gen or doc.get("serial") != self.serial():
+            return None
+        paths = doc.get("rewritten")
+        return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else None
 
     def load_cache(self, digest: str) -> tuple[dict[str, Cached], set[str]] | None:
         """The stat cache of the current generation; None when there is none to trust (none yet,

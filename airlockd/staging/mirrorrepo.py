@@ -49,13 +49,15 @@ class MirrorRepos:
         changed: Iterable[str] | None = None,
         purge: bool = False,
         packer: Packer | None = None,
+        also: Iterable[str] = (),
     ) -> None:
         """Bring the repository in the mirror generation `tree` up to date with that tree.
 
         With a state this process wrote whose index is still the one on disk, only some paths
         are looked at: `changed` when the caller knows them (the keeper's incremental refresh,
         `base` then the manifest they are part of), else those whose entries differ between the
-        `base` given last time and this one (a walk). Otherwise every node is `lstat`ed.
+        `base` given last time and this one (a walk), with `also` (the nodes the walk renewed with
+        the same entry). Otherwise every node is `lstat`ed.
 
         `purge` (a walk's, and an incremental refresh's that withheld something new or saw a
         withheld file change: keeper.py) removes the dead objects and joins the small packs.
@@ -87,8 +89,8 @@ class MirrorRepos:
                                 state.manifest.pop(rel, None)
                             else:
                                 state.manifest[rel] = e
-                elif base is not None:
-                    paths = _differs(state.manifest, base)
+                elif base is not None:  # and the nodes a walk renewed (`also`): same entry, new inode
+                    paths = _differs(state.manifest, base) + list(also)
             if paths is None:
                 state = None
             state = repo.build(head, state, paths, packer)

@@ -89,6 +89,7 @@ class MirrorStager(StagingWalk):
         # a cold build's: each file's path once it is in place (staging/packer.py packs it, in
         # a process of its own, for the mirror's repository, which then need not read it again)
         self.placed: Callable[[str], None] | None = None
+        self.rewritten: list[str] = []  # paths given a new node (the repository's index must look again)
 
     # -- directories ----------------------------------------------------------------------------
 
@@ -175,6 +176,7 @@ class MirrorStager(StagingWalk):
         else:
             self._replace(dst, name)
             self.stats.written += 1
+            self.rewritten.append(rel)
             if self.placed is not None:
                 self.placed(rel)
         self.new[rel] = Cached(_key(st), entry, members=self.members.get(rel))
@@ -257,6 +259,7 @@ class MirrorStager(StagingWalk):
             os.utime(TMP, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=self.tmp, follow_symlinks=False)
             self._replace(dst, name)
             self.stats.written += 1
+            self.rewritten.append(rel)
         self.result.base[rel] = entry
 
     # -- removal --------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from treegen import TreeSpec, big_tree
+from treegen import big_tree, spec_from_env
 
 ROUNDS = 5
 EDITS = 10
@@ -40,14 +40,6 @@ _GIT_ENV = {
     "GIT_CONFIG_KEY_0": "safe.directory",
     "GIT_CONFIG_VALUE_0": "*",
 }
-
-
-def _spec() -> TreeSpec:
-    files = int(os.environ.get("AIRLOCK_BENCH_FILES", "0") or 0)
-    if not files:
-        return TreeSpec()
-    full = TreeSpec()
-    return TreeSpec(files, full.total_bytes * files // full.files, max(3, full.large_files * files // full.files))
 
 
 @pytest.fixture
@@ -69,7 +61,7 @@ def test_the_first_run_after_a_periodic_walk(work: Path, monkeypatch: pytest.Mon
     from airlockd.staging.keeper import MirrorKeeper
     from airlockd.state import StateDir
 
-    tree = big_tree(work / "trees", _spec())
+    tree = big_tree(work / "trees", spec_from_env())
     ws = work / "ws"
     shutil.copytree(tree.root, ws, symlinks=True)
     for key, value in _GIT_ENV.items():

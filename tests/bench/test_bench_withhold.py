@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from treegen import Tree, TreeSpec, big_tree
+from treegen import Tree, big_tree, spec_from_env
 
 BASELINE = os.environ.get("AIRLOCK_BENCH_BASELINE", "1e6f7fc")
 ROUNDS = 3  # timed rounds (each a fresh process per contender), after one untimed
@@ -91,14 +91,6 @@ _GIT_ENV = {
 }
 
 
-def _spec() -> TreeSpec:
-    files = int(os.environ.get("AIRLOCK_BENCH_FILES", "0") or 0)
-    if not files:
-        return TreeSpec()
-    full = TreeSpec()
-    return TreeSpec(files, full.total_bytes * files // full.files, max(3, full.large_files * files // full.files))
-
-
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = os.environ.get("AIRLOCK_BENCH_DIR")
@@ -113,7 +105,7 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def tree(bench_dir: Path) -> Tree:
-    return big_tree(bench_dir, _spec())
+    return big_tree(bench_dir, spec_from_env())
 
 
 # -- the workspace ---------------------------------------------------------------------------------

@@ -85,6 +85,15 @@ class TreeSpec:
     seed: int = 20_240_601
 
 
+def spec_from_env() -> TreeSpec:
+    """The full benchmark tree, or a smaller one of AIRLOCK_BENCH_FILES files (bytes scale with it)."""
+    files = int(os.environ.get("AIRLOCK_BENCH_FILES", "0") or 0)
+    if not files:
+        return TreeSpec()
+    full = TreeSpec()
+    return TreeSpec(files, full.total_bytes * files // full.files, max(3, full.large_files * files // full.files))
+
+
 @dataclass(frozen=True)
 class Tree:
     root: Path

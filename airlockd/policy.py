@@ -333,6 +333,19 @@ class ClassifierConfig(_Model):
     on_error: Literal["keep", "review"] = "keep"  # a failed call: keep the decision, or raise it to review
 
 
+class Retention(_Model):
+    """How long finished runs keep everything (docs/state.md). A finished run older than
+    `keep_days`, or not among the last `keep_runs` finished ones, is compacted: its record moves
+    to a summary (what the evidence and the audit need) and its staging, backups and blobs go.
+    An applied run can be undone for `undo_days` after it landed, and is kept whole until then."""
+
+    keep_days: float = Field(30, gt=0)
+    keep_runs: int = Field(1000, ge=1)
+    undo_days: float = Field(7, gt=0)
+    audit_days: float = Field(0, ge=0)  # sealed audit segments older than this are dropped (0: never)
+    auto: bool = True  # the daemon compacts by itself (hourly and at start), as `airlockd gc --apply`
+
+
 class Policy(_Model):
     defaults: Defaults = Defaults()
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
@@ -341,6 +354,7 @@ class Policy(_Model):
     rules: list[Rule] = Field(default_factory=list)
     gateway: Gateway = Gateway()
     classifier: ClassifierConfig = ClassifierConfig()
+    retention: Retention = Retention()
 
     @field_validator("labels")
     @classmethod

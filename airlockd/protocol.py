@@ -49,6 +49,7 @@ __all__ = [
     "FileState",
     "Hunk",
     "HunkState",
+    "ListRunsArgs",
     "NoArgs",
     "ProgressEvent",
     "Proposal",
@@ -467,6 +468,20 @@ class Args(BaseModel):
 
 class NoArgs(Args):
     pass
+
+
+LIST_LIMIT = 200  # runs `airlock.listRuns` answers with when it is not told how many
+
+
+class ListRunsArgs(Args):
+    """`airlock.listRuns`: the newest runs first, at most `limit`, of the states / agent given,
+    admitted at or after `since` (seconds since the epoch); `before` (a run id) pages on."""
+
+    limit: int = Field(LIST_LIMIT, ge=1, le=10_000)
+    state: list[RunState] | None = Field(None, min_length=1)
+    agent: str | None = Field(None, min_length=1)
+    since: float | None = None
+    before: str | None = Field(None, min_length=1)
 
 
 class RunTaskArgs(Args):

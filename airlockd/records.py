@@ -177,6 +177,7 @@ class RunRecord(_Record):
     # first approve / reject ("after"): the proof that nothing moved while the run was proposed
     live_tree: dict[str, Any] = Field(default_factory=dict)
     classifier: list[dict[str, Any]] = Field(default_factory=list)  # what the model classifier raised
+    compacted_at: float | None = None  # when retention reduced the run to its summary (runs/retention.py)
 
     def file(self, path: str) -> FileReview | None:
         return next((f for f in self.files if f.path == path), None)

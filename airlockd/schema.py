@@ -24,6 +24,7 @@ from airlockd.protocol import (
     DiffResult,
     Evidence,
     EvidenceDocument,
+    ListRunsArgs,
     NoArgs,
     Proposal,
     RunArgs,
@@ -59,6 +60,7 @@ class AirlockProtocol(BaseModel):
     diffArgs: DiffArgs
     agentArgs: AgentArgs
     noArgs: NoArgs
+    listRunsArgs: ListRunsArgs
     runProgress: RunProgress
     runDone: RunDone
     daemonHello: DaemonHello

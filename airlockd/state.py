@@ -39,13 +39,36 @@ class StateDir(NamedTuple):
         return cls(ws, root)
 
     def ensure(self) -> StateDir:
-        for d in (self.root, self.runs, self.journal, self.backups, self.policies):
+        for d in (self.root, self.runs, self.records, self.history, self.journal, self.backups, self.policies):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self
 
     @property
     def store(self) -> Path:
+        """The first layout's single store file: converted on first use (airlockd/storemigrate.py)."""
         return self.root / "store.json"
+
+    @property
+    def index_file(self) -> Path:
+        return self.root / "index.json"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history"
+
+    @property
+    def records(self) -> Path:
+        return self.root / "records"
+
+    @property
+    def summaries(self) -> Path:
+        return self.root / "summaries"
+
+    def record(self, run_id: str) -> Path:
+        return self.records / f"{run_id}.json"
+
+    def live_sample(self, run_id: str) -> Path:
+        return self.records / f"{run_id}.live.json"
 
     @property
     def lock(self) -> Path:

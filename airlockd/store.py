@@ -1,34 +1,57 @@
-"""Persistence: tinydb over one JSON file, atomic on disk and safe with several processes.
+"""Persistence: tinydb files laid out so that what one run reads or writes is that run and a small
+index, never the whole history (docs/state.md).
 
-Every access holds an exclusive file lock for its whole read-modify-write, and the file is
-replaced atomically, so the CLI and a daemon can run at once and a crash leaves the old or the
-new file, never half of one.
+    index.json             the lines of the runs still open (live, proposed), the agents' usage,
+                           and a serial with the ids of the last changes (what a follower reads)
+    history/<day>.json     the lines of the settled runs admitted that day
+    records/<id>.json      one run's full record
+    records/<id>.live.json the last sample of a live run (written each second, never fsynced)
+    summaries/<day>.json   the records of compacted runs admitted that day (runs/retention.py)
+
+A line is what a listing prints (`RunLine`); records are the truth and lines are derived from them.
+Every write holds one exclusive file lock for its read-modify-write and replaces each file it
+changes atomically: records first, the lines next, the index last, so a reader that sees a new
+serial sees what it names. A crash between two files of one write leaves a line behind its record;
+the next process to open the store brings the open lines back in line with their records.
+Reads take no lock. A state directory of the first layout (one store.json) is converted on first
+use (airlockd/storemigrate.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from pydantic import BaseModel, ConfigDict
 from tinydb import Query, TinyDB
 from tinydb.storages import Storage
 
-from airlockd.errors import NotFoundError, UsageError
+from airlockd.errors import NotFoundError, StateError, UsageError
 from airlockd.fsutil import LOCK_POLL_S, atomic_write_bytes
-from airlockd.records import AgentUsage, RunRecord
+from airlockd.records import AgentUsage, FileState, RunRecord, RunState, Transition
 from airlockd.state import StateDir
+
+RECENT = 1024  # ids of the last changes the index keeps for followers
+ANY = Query().noop()
 
 
 class _SnapshotStorage(Storage):
-    """The whole file read once under the lock; written back atomically on close if changed."""
+    """The whole file read once; written back atomically on close if changed."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: bool = True) -> None:
         self._path = path
-        self._data: dict[str, Any] | None = json.loads(path.read_bytes()) if path.exists() else None
+        self._fsync = fsync
+        try:
+            self._data: dict[str, Any] | None = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            self._data = None
         self._dirty = False
 
     def read(self) -> dict[str, Any] | None:
@@ -43,99 +66,475 @@ class _SnapshotStorage(Storage):
             atomic_write_bytes(self._path, json.dumps(self._data, separators=(",", ":")).encode())
 
 
+def _open(path: Path) -> TinyDB:
+    try:
+        return TinyDB(path, storage=_SnapshotStorage)
+    except json.JSONDecodeError as exc:
+        raise StateError(
+            f"the store file {path} is not valid JSON ({exc.msg} at character {exc.pos})",
+            hint="restore it from a backup, or move it aside to start that part of the store afresh",
+        ) from None
+
+
 # Withheld for what they are, not what they hold: a repository's history (git's own files, hook
 # samples: their lines are no values, and "delete" masked every "deleted" after), a link that
 # leads out of the workspace.
 NOT_READ = frozenset({"git-history", "symlink-escape"})
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DAY = re.compile(r"r(\d{6})[0-9a-f]+")
+
+
+def day_of(run_id: str) -> str:
+    """The file a run's line and summary live in: the day in its id (`r` yymmdd hex)."""
+    m = _DAY.fullmatch(run_id)
+    return f"r{m.group(1)}" if m else "other"
+
+
+class RunLine(BaseModel):
+    """What a listing shows of a run, kept in the indexes so a listing never loads records."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    agent: str
+    mode: str
+    state: RunState
+    created_at: float
+    prompt: str  # its first 200 characters, redacted as stored
+    files: int = 0
+    review: dict[str, int] = {}
+    detail: str = ""
+    follow_up: str | None = None
+    owner_pid: int | None = None
+    owner_start: int | None = None
+    withheld: int = 0
+    compacted: bool = False
+
+
+def line_of(rec: RunRecord) -> dict[str, Any]:
+    counts = {s.value: n for s in FileState if (n := sum(1 for f in rec.files if f.state is s))}
+    return RunLine(
+        id=rec.id,
+        agent=rec.agent,
+        mode=rec.mode,
+        state=rec.state,
+        created_at=rec.created_at,
+        prompt=rec.prompt[:200],
+        files=len(rec.files),
+        review=counts,
+        detail=rec.transitions[-1].detail if rec.transitions else "",
+        follow_up=rec.follow_up,
+        owner_pid=rec.owner_pid if rec.state.live else None,
+        owner_start=rec.owner_start if rec.state.live else None,
+        withheld=len(rec.withheld),
+        compacted=rec.compacted_at is not None,
+    ).model_dump(mode="json")
+
+
+def _settled(state: RunState) -> bool:
+    return not state.live and state is not RunState.PROPOSED
+
+
+class Tx:
+    """One exclusive transaction: the files it opened, written when it ends."""
+
+    def __init__(self, state: StateDir) -> None:
+        self.state = state
+        self.index = _open(state.index_file)
+        self._days: dict[str, TinyDB] = {}
+        self._records: dict[str, dict[str, Any] | None] = {}  # id -> doc to write (None: delete)
+        self.changed: list[str] = []
+
+    def day(self, day: str) -> TinyDB:
+        if day not in self._days:
+            self.state.history.mkdir(mode=0o700, exist_ok=True)
+            self._days[day] = _open(self.state.history / f"{day}.json")
+        return self._days[day]
+
+    def get(self, run_id: str) -> RunRecord:
+        if run_id in self._records and (doc := self._records[run_id]) is not None:
+            return RunRecord.model_validate(doc)
+        return _read_record(self.state, run_id)
+
+    def put(self, rec: RunRecord) -> None:
+        self._records[rec.id] = rec.model_dump(mode="json")
+        line, q = line_of(rec), Query().id == rec.id
+        opened = self.index.table("open")
+        if _settled(rec.state):
+            table = self.day(day_of(rec.id)).table("runs")
+            if table.get(q) != line:
+                table.upsert(line, q)
+            if opened.contains(q):
+                opened.remove(q)
+        elif opened.get(q) != line:
+            opened.upsert(line, q)
+        self.changed.append(rec.id)
+
+    def drop_record(self, run_id: str) -> None:
+        self._records[run_id] = None
+        self.changed.append(run_id)
+
+    def commit(self) -> None:
+        self.state.records.mkdir(mode=0o700, exist_ok=True)
+        for run_id, doc in self._records.items():
+            path = self.state.record(run_id)
+            if doc is None:
+                path.unlink(missing_ok=True)
+                continue
+            atomic_write_bytes(path, json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
+            if doc["state"] not in _LIVE_NAMES:
+                self.state.live_sample(run_id).unlink(missing_ok=True)
+        for db in self._days.values():
+            db.close()
+        if self.changed:
+            meta = self.index.table("meta")
+            row: dict[str, Any] = dict(meta.get(doc_id=1) or {"serial": 0, "recent": []})
+            serial = int(row["serial"]) + 1
+            recent = [*row["recent"], *([serial, r] for r in dict.fromkeys(self.changed))][-RECENT:]
+            meta.upsert(_doc(1, {"serial": serial, "recent": recent}))
+        self.index.close()
+
+
+_LIVE_NAMES = frozenset(s.value for s in RunState if s.live)
+
+
+def _doc(doc_id: int, value: dict[str, Any]) -> Any:
+    from tinydb.table import Document
+
+    return Document(value, doc_id=doc_id)
+
+
+def _read_record(state: StateDir, run_id: str) -> RunRecord:
+    path = state.record(run_id)
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise NotFoundError(f"no run {run_id!r} in this workspace", hint="`airlockd runs` lists them") from None
+    except json.JSONDecodeError as exc:
+        raise StateError(
+            f"the record of run {run_id} ({path}) is not valid JSON ({exc.msg})",
+            hint="restore it from a backup; the other runs are not affected",
+        ) from None
+    rec = RunRecord.model_validate(next(iter(data["run"].values())))
+    if rec.state.live:
+        try:
+            sample = json.loads(state.live_sample(run_id).read_bytes())
+        except (FileNotFoundError, json.JSONDecodeError):
+            sample = None
+        if isinstance(sample, dict):
+            for key in ("peak", "output_bytes", "tokens", "growth_bytes"):
+                if key in sample:
+                    setattr(rec, key, sample[key])
+    return rec
 
 
 class Store:
     def __init__(self, state: StateDir) -> None:
         self.state = state
         self._lock = FileLock(str(state.lock), timeout=30)
+        self._ready = False
 
     @contextmanager
-    def tx(self) -> Iterator[TinyDB]:
-        """An exclusive transaction: what it writes lands atomically when it ends."""
+    def tx(self) -> Iterator[Tx]:
+        """An exclusive transaction: what it writes lands when it ends (not if it raises)."""
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
-            db = TinyDB(self.state.store, storage=_SnapshotStorage)
-            try:
-                yield db
-            finally:
-                db.close()
+            self._prepare()
+            tx = Tx(self.state)
+            yield tx
+            tx.commit()
+
+    def _prepare(self) -> None:
+        """Under the lock, once per Store: convert a store of the first layout, and bring the open
+        lines back in line with their records after a crash between the two."""
+        if self._ready:
+            return
+        from airlockd.storemigrate import migrate
+
+        migrate(self.state)
+        if self.state.index_file.exists():
+            tx = Tx(self.state)
+            for line in tx.index.table("open").all():
+                try:
+                    rec = _read_record(self.state, str(line["id"]))
+                except NotFoundError:
+                    tx.index.table("open").remove(Query().id == line["id"])
+                    tx.changed.append(str(line["id"]))
+                    continue
+                if line_of(rec) != dict(line):
+                    tx.put(rec)
+            tx._records.clear()  # the records are right; only the lines move
+            tx.commit()
+        self._ready = True
+
+    def _read_prepared(self) -> None:
+        if not self._ready and (self.state.store.exists() or not self.state.index_file.exists()):
+            with self.tx():
+                pass
+        self._ready = True
 
     # runs -----------------------------------------------------------------------------------
 
     def put_run(self, rec: RunRecord) -> None:
-        with self.tx() as db:
-            db.table("runs").upsert(rec.model_dump(mode="json"), Query().id == rec.id)
+        with self.tx() as tx:
+            tx.put(rec)
 
     def get_run(self, run_id: str) -> RunRecord:
-        with self.tx() as db:
-            return _resolve(db, run_id)
+        """A run by its id or an unambiguous prefix of it (a compacted run: its summary)."""
+        if not _ID.fullmatch(run_id):
+            raise NotFoundError(f"no run {run_id[:80]!r} in this workspace", hint="`airlockd runs` lists them")
+        self._read_prepared()
+        try:
+            return _read_record(self.state, run_id)
+        except NotFoundError:
+            pass
+        if (summary := self.summary(run_id)) is not None:
+            return summary
+        return self.get_run_exact(self._resolve(run_id))
 
-    def list_runs(self) -> list[RunRecord]:
-        with self.tx() as db:
-            rows = db.table("runs").all()
-        return sorted((RunRecord.model_validate(r) for r in rows), key=lambda r: r.created_at)
+    def get_run_exact(self, run_id: str) -> RunRecord:
+        try:
+            return _read_record(self.state, run_id)
+        except NotFoundError:
+            if (summary := self.summary(run_id)) is not None:
+                return summary
+            raise
+
+    def summary(self, run_id: str) -> RunRecord | None:
+        path = self.state.summaries / f"{day_of(run_id)}.json"
+        if not path.exists():
+            return None
+        row = _open(path).table("runs").get(Query().id == run_id)
+        return RunRecord.model_validate(row) if row else None
+
+    def _resolve(self, prefix: str) -> str:
+        if not prefix or not prefix.startswith("r"):
+            raise NotFoundError(f"no run {prefix!r} in this workspace", hint="`airlockd runs` lists them")
+        found = set()
+        if self.state.records.is_dir():
+            found |= {
+                n[: -len(".json")]
+                for n in os.listdir(self.state.records)
+                if n.startswith(prefix) and n.endswith(".json") and not n.endswith(".live.json")
+            }
+        if self.state.summaries.is_dir():
+            for n in os.listdir(self.state.summaries):
+                day = n[: -len(".json")]
+                if n.endswith(".json") and (day.startswith(prefix) or prefix.startswith(day)):
+                    found |= {r["id"] for r in _open(self.state.summaries / n).table("runs").all()}
+        found = {r for r in found if r.startswith(prefix)}
+        if len(found) > 1:
+            raise UsageError(f"run id {prefix!r} is ambiguous: {', '.join(sorted(found))}")
+        if not found:
+            raise NotFoundError(f"no run {prefix!r} in this workspace", hint="`airlockd runs` lists them")
+        return found.pop()
+
+    def update_run(self, run_id: str, fn: Callable[[RunRecord], None]) -> RunRecord:
+        """Read, change with `fn`, write back, all under one lock."""
+        with self.tx() as tx:
+            rec = self.get_run(run_id)
+            if rec.compacted_at is None:
+                rec = tx.get(rec.id)
+            else:
+                raise StateError(
+                    f"run {rec.id} was compacted (retention): only its summary is kept, and it cannot change",
+                    hint="see [retention] in the policy; `airlockd show` still shows it",
+                )
+            fn(rec)
+            tx.put(rec)
+            return rec
+
+    def compact(self, run_id: str, now: float) -> RunRecord:
+        """A finished run reduced to its summary (retention): the summary is written to its day's
+        file first, then the line says so and the record goes, so a crash between keeps one of the
+        two and a second call finishes the first."""
+        with self.tx() as tx:
+            rec = self.get_run_exact(run_id)
+            if not _settled(rec.state):
+                raise StateError(f"run {rec.id} is {rec.state.value}: only a finished run can be compacted")
+            if rec.compacted_at is None:
+                rec = rec.model_copy(deep=True)
+                rec.compacted_at = now
+                rec.owner_pid = rec.owner_start = None
+                for f in rec.files:
+                    f.base_blob = None  # its blob went with the run's folder
+                self.state.summaries.mkdir(mode=0o700, exist_ok=True)
+                db = _open(self.state.summaries / f"{day_of(rec.id)}.json")
+                db.table("runs").upsert(rec.model_dump(mode="json"), Query().id == rec.id)
+                db.close()
+            tx.put(rec)
+            tx.drop_record(rec.id)
+            return rec
+
+    def put_sample(self, run_id: str, sample: dict[str, Any]) -> None:
+        """A live run's latest figures: its own small file, replaced, never fsynced (a sample lost
+        to a crash is the one before it, and the run's end writes the figures to its record)."""
+        path = self.state.live_sample(run_id)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(json.dumps(sample, separators=(",", ":")).encode())
+        os.replace(tmp, path)
+
+    def lines(
+        self,
+        *,
+        limit: int | None = None,
+        states: frozenset[RunState] | None = None,
+        agent: str | None = None,
+        since: float | None = None,
+        before: str | None = None,
+    ) -> list[RunLine]:
+        """Runs, newest first, filtered, at most `limit`; `before` (a run id) pages on. Reads the
+        open lines and the days' lines from the newest until it has enough, never a record."""
+        self._read_prepared()
+        cursor: tuple[float, str] | None = None
+        if before:
+            prev = self.get_run(before)
+            cursor = (prev.created_at, prev.id)
+
+        def keep(row: dict[str, Any]) -> RunLine | None:
+            line = RunLine.model_validate(row)
+            if states is not None and line.state not in states:
+                return None
+            if agent is not None and line.agent != agent:
+                return None
+            if since is not None and line.created_at < since:
+                return None
+            if cursor is not None and (line.created_at, line.id) >= cursor:
+                return None
+            return line
+
+        out: dict[str, RunLine] = {}
+        for row in self._open_rows():
+            if (line := keep(row)) is not None:
+                out[line.id] = line
+        wanted_settled = states is None or any(_settled(s) for s in states)
+        days = sorted((n[: -len(".json")] for n in _names(self.state.history)), reverse=True)
+        settled = 0
+        for day in days if wanted_settled else []:
+            if limit is not None and settled >= limit:
+                break
+            day_rows = _open(self.state.history / f"{day}.json").table("runs").all()
+            rows = [line for row in day_rows if (line := keep(row)) is not None]
+            for line in rows:
+                out.setdefault(line.id, line)
+            settled += len(rows)
+            if since is not None and day != "other" and _day_before(day, since):
+                break
+        ordered = sorted(out.values(), key=lambda x: (x.created_at, x.id), reverse=True)
+        return ordered[:limit] if limit is not None else ordered
+
+    def line(self, run_id: str) -> RunLine | None:
+        """One run's line: from the open lines, else from its day's."""
+        q = Query().id == run_id
+        for path, table in ((self.state.index_file, "open"), (self.state.history / f"{day_of(run_id)}.json", "runs")):
+            if path.exists() and (row := _open(path).table(table).get(q)) is not None:
+                return RunLine.model_validate(row)
+        return None
+
+    def _open_rows(self) -> list[dict[str, Any]]:
+        if not self.state.index_file.exists():
+            return []
+        return [dict(r) for r in _open(self.state.index_file).table("open").all()]
+
+    def open_runs(self, states: frozenset[RunState] | None = None) -> list[RunRecord]:
+        """The full records of the runs still open (live or proposed), oldest first."""
+        self._read_prepared()
+        out = []
+        for row in self._open_rows():
+            if states is not None and RunState(row["state"]) not in states:
+                continue
+            try:
+                out.append(_read_record(self.state, str(row["id"])))
+            except NotFoundError:
+                continue
+        return sorted(out, key=lambda r: r.created_at)
+
+    def changes(self, since: int) -> tuple[int, list[str] | None]:
+        """(the store's serial, the ids changed after serial `since`; None when the index no
+        longer reaches back that far)."""
+        if not self.state.index_file.exists():
+            return 0, []
+        row: dict[str, Any] = dict(
+            _open(self.state.index_file).table("meta").get(doc_id=1) or {"serial": 0, "recent": []}
+        )
+        serial, recent = int(row["serial"]), row["recent"]
+        if serial == since:
+            return serial, []
+        if since > serial or (recent and recent[0][0] > since + 1) or (not recent and serial):
+            return serial, None
+        return serial, list(dict.fromkeys(r for s, r in recent if s > since))
 
     def recent_withheld(self, runs: int = 10) -> list[str]:
         """The paths the last `runs` staged runs withheld (as recorded: masked where the path
         held a value; withheld.learn matches those against the tree), for a process that did not
         stage them to read their values again."""
-        with self.tx() as db:
-            rows = [r for r in db.table("runs").all() if r.get("withheld")]  # staged: queued, refused ones not
-        rows = sorted(rows, key=lambda r: str(r.get("created_at", "")))[-runs:]
-        out = {
-            w["path"]
-            for r in rows
-            for w in r.get("withheld") or []
-            if isinstance(w, dict) and "path" in w and w.get("rule") not in NOT_READ
-        }
+        staged = [line for line in self.lines(limit=200) if line.withheld][:runs]
+        out = set()
+        for line in staged:
+            try:
+                rec = self.get_run_exact(line.id)
+            except NotFoundError:
+                continue
+            out |= {
+                w["path"] for w in rec.withheld if isinstance(w, dict) and "path" in w and w.get("rule") not in NOT_READ
+            }
         return sorted(out)
 
-    def update_run(self, run_id: str, fn: Callable[[RunRecord], None]) -> RunRecord:
-        """Read, change with `fn`, write back, all under one lock."""
-        with self.tx() as db:
-            rec = _resolve(db, run_id)
-            fn(rec)
-            db.table("runs").upsert(rec.model_dump(mode="json"), Query().id == rec.id)
-            return rec
+    def admit(self, rec: RunRecord, decide: Callable[[int, AgentUsage], str | None]) -> str | None:
+        """Store a new run, asking `decide(live runs of its agent, the agent's usage)` under the
+        same lock whether it is refused (the reason) or admitted (None: a run of the agent's
+        budget is spent). Two requests racing for the last slot cannot both win."""
+        with self.tx() as tx:
+            live = sum(1 for r in tx.index.table("open").all() if r["agent"] == rec.agent and RunState(r["state"]).live)
+            usage = _agent_in(tx.index, rec.agent)
+            reason = decide(live, usage)
+            if reason is None:
+                update_agent_in(tx.index, rec.agent, lambda u: setattr(u, "runs_used", u.runs_used + 1))
+            else:
+                rec.state = RunState.REJECTED_AT_ADMISSION
+            rec.transitions.append(Transition(state=rec.state, at=time.time(), detail=reason or ""))
+            tx.put(rec)
+            return reason
 
     # agents ---------------------------------------------------------------------------------
 
     def get_agent(self, name: str) -> AgentUsage:
-        with self.tx() as db:
-            row = db.table("agents").get(Query().name == name)
-        return AgentUsage.model_validate(row) if row else AgentUsage(name=name)
+        self._read_prepared()
+        if not self.state.index_file.exists():
+            return AgentUsage(name=name)
+        return _agent_in(_open(self.state.index_file), name)
 
     def list_agents(self) -> list[AgentUsage]:
-        with self.tx() as db:
-            return [AgentUsage.model_validate(r) for r in db.table("agents").all()]
+        self._read_prepared()
+        if not self.state.index_file.exists():
+            return []
+        return [AgentUsage.model_validate(r) for r in _open(self.state.index_file).table("agents").all()]
 
     def update_agent(self, name: str, fn: Callable[[AgentUsage], None]) -> AgentUsage:
-        with self.tx() as db:
-            return update_agent_in(db, name, fn)
+        with self.tx() as tx:
+            tx.changed.append("")  # a change a follower reads the agents for
+            return update_agent_in(tx.index, name, fn)
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return [n for n in os.listdir(folder) if n.endswith(".json")]
+    except FileNotFoundError:
+        return []
+
+
+def _day_before(day: str, at: float) -> bool:
+    return day < "r" + time.strftime("%y%m%d", time.localtime(at - 86400))
+
+
+def _agent_in(db: TinyDB, name: str) -> AgentUsage:
+    row = db.table("agents").get(Query().name == name)
+    return AgentUsage.model_validate(row) if row else AgentUsage(name=name)
 
 
 def update_agent_in(db: TinyDB, name: str, fn: Callable[[AgentUsage], None]) -> AgentUsage:
     table = db.table("agents")
-    row = table.get(Query().name == name)
-    usage = AgentUsage.model_validate(row) if row else AgentUsage(name=name)
+    usage = _agent_in(db, name)
     fn(usage)
     table.upsert(usage.model_dump(mode="json"), Query().name == name)
     return usage
-
-
-def _resolve(db: TinyDB, run_id: str) -> RunRecord:
-    """A run by its id or an unambiguous prefix of it."""
-    table = db.table("runs")
-    row = table.get(Query().id == run_id)
-    if row is None:
-        rows = [r for r in table.all() if str(r["id"]).startswith(run_id)] if run_id else []
-        if len(rows) > 1:
-            raise UsageError(f"run id {run_id!r} is ambiguous: {', '.join(r['id'] for r in rows)}")
-        if not rows:
-            raise NotFoundError(f"no run {run_id!r} in this workspace", hint="`airlockd runs` lists them")
-        row = rows[0]
-    return RunRecord.model_validate(row)

@@ -54,12 +54,21 @@ def cmd_execute(args: argparse.Namespace) -> Any:
 
 
 def cmd_runs(args: argparse.Namespace) -> Any:
-    runs = service(args).store.list_runs()
+    from airlockd.cli.listing import list_runs
+
+    return list_runs(args, service(args).store)
+
+
+def cmd_gc(args: argparse.Namespace) -> Any:
+    from airlockd.runs.retention import collect
+
+    svc = service(args)
+    report = collect(svc, apply=args.apply)
     if args.json:
-        return [run_json(r) for r in runs]
-    for r in runs:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
-        print(f"{r.id}  {when}  {r.agent:12} {r.state.value:22} {len(r.files):3} changes  {r.prompt[:50]!r}")
+        return report
+    from airlockd.cli.listing import print_gc
+
+    print_gc(report)
     return None
 
 
@@ -94,6 +103,13 @@ def cmd_show(args: argparse.Namespace) -> Any:
     if log.exists() and log.stat().st_size:
         print(f"  agent output (redacted, not evidence): {log}")
     return None
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive whole number")
+    return n
 
 
 def _hunk_list(svc: Any, rec: RunRecord) -> dict[str, list[dict[str, Any]]]:
@@ -329,7 +345,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--events", action="store_true")
     sp.add_argument("--values-on-stdin", action="store_true")
     sp.add_argument("run")
-    add("runs", cmd_runs, "list runs")
+    sp = add("runs", cmd_runs, "list runs, newest first")
+    sp.add_argument("--limit", type=_positive, default=50, metavar="N", help="at most N runs (default 50)")
+    sp.add_argument("--all", action="store_true", help="every run (no limit)")
+    sp.add_argument("--state", action="append", metavar="S", help="only runs in state S (repeatable, or S1,S2)")
+    sp.add_argument("--agent", metavar="NAME", help="only the runs of this agent")
+    sp.add_argument("--since", metavar="WHEN", help="admitted since: 2026-12-01, 2026-12-01T09:30, 3d, 12h, 30m")
+    sp.add_argument("--before", metavar="RUN", help="the page after this run (the last one a listing printed)")
+    sp = add("gc", cmd_gc, "compact finished runs past the retention policy (dry run unless --apply)")
+    sp.add_argument("--apply", action="store_true", help="do it (default: say what it would do)")
     add("show", cmd_show, "one run with its changes, decisions and evidence").add_argument("run")
     sp = add("diff", cmd_diff, "unified diff of a proposal")
     sp.add_argument("run")
@@ -424,6 +448,7 @@ _COMMANDS = frozenset(
         "run",
         "_execute",
         "runs",
+        "gc",
         "show",
         "diff",
         "approve",

@@ -53,9 +53,7 @@ def _lenses(line: int, run_id: str, path: str, hunk: str | None) -> list[types.C
 def lenses_for(svc: Service, path: str) -> list[types.CodeLens]:
     """Lenses for every proposed run with a pending change at `path` (blocking: reads the store)."""
     out: list[types.CodeLens] = []
-    for rec in svc.store.list_runs():
-        if rec.state is not RunState.PROPOSED:
-            continue
+    for rec in svc.store.open_runs(frozenset({RunState.PROPOSED})):
         f = rec.file(path)
         if f is None or f.state is not FileState.PENDING:
             continue

@@ -32,6 +32,7 @@ from airlockd.protocol import (
     Evidence,
     EvidenceDocument,
     FileRule,
+    ListRunsArgs,
     NoArgs,
     RunArgs,
     RunResult,
@@ -41,6 +42,7 @@ from airlockd.protocol import (
 )
 from airlockd.records import FileState, RunRecord
 from airlockd.runs.service import Service
+from airlockd.store import RunLine
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +67,17 @@ def _guard(fn: Handler) -> Handler:
 # -- logic (no LSP in here) -----------------------------------------------------------------------
 
 
-def run_summary(rec: RunRecord) -> dict[str, Any]:
-    counts = {s: sum(1 for f in rec.files if f.state is s) for s in FileState}
+def run_summary(line: RunLine) -> dict[str, Any]:
     return RunSummary(
-        runId=rec.id,
-        agent=rec.agent,
-        mode=Mode(rec.mode),
-        state=rec.state,
-        createdAt=rec.created_at,
-        prompt=rec.prompt[:200],
-        files=len(rec.files),
-        review={k: v for k, v in counts.items() if v},
-        detail=rec.transitions[-1].detail if rec.transitions else "",
+        runId=line.id,
+        agent=line.agent,
+        mode=Mode(line.mode),
+        state=line.state,
+        createdAt=line.created_at,
+        prompt=line.prompt[:200],
+        files=line.files,
+        review={FileState(k): v for k, v in line.review.items() if v},
+        detail=line.detail,
     ).wire()
 
 
@@ -194,30 +195,38 @@ async def undo(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:
 
 
 class RunList:
-    """Run summaries, parsed again only when the store file changed (it is replaced atomically on
-    every write, so inode, mtime and size name one version): listing stays cheap while a run works."""
+    """Run summaries, read again only when the store's index changed (every write of a run
+    replaces it atomically, so inode, mtime and size name one version) or the question did:
+    listing stays cheap while runs work (a live run's samples do not touch the index)."""
 
     def __init__(self, svc: Service) -> None:
         self.svc = svc
-        self.key: tuple[int, int, int] | None = None
+        self.key: tuple[Any, ...] | None = None
         self.value: list[dict[str, Any]] = []
 
-    def get(self) -> list[dict[str, Any]]:
+    def get(self, a: ListRunsArgs) -> list[dict[str, Any]]:
         try:
-            st = os.stat(self.svc.state.store)
+            st = os.stat(self.svc.state.index_file)
+            key: tuple[Any, ...] = (st.st_ino, st.st_mtime_ns, st.st_size, a)
         except FileNotFoundError:
-            return []
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            key = (None, a)
         if key != self.key:
-            self.value = [run_summary(r) for r in self.svc.store.list_runs()]
+            lines = self.svc.store.lines(
+                limit=a.limit,
+                states=frozenset(a.state) if a.state else None,
+                agent=a.agent,
+                since=a.since,
+                before=a.before,
+            )
+            self.value = [run_summary(line) for line in lines]
             self.key = key  # read after the stat: a newer write only makes the next call re-read
         return self.value
 
 
 async def list_runs(ls: AirlockServer, *arguments: Any) -> list[dict[str, Any]]:
-    parse(NoArgs, arguments)
+    a = parse(ListRunsArgs, arguments)
     cache = ls.run_list = getattr(ls, "run_list", None) or RunList(ls.service)
-    return await ls.call(cache.get)
+    return await ls.call(cache.get, a)
 
 
 async def get_evidence(ls: AirlockServer, *arguments: Any) -> dict[str, Any]:

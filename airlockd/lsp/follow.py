@@ -5,8 +5,9 @@ reaches the editor within `FOLLOW_S` as `airlock/runStatus` and `airlock/proposa
 whose process died is reconciled then too (re-attached to its container, or recorded as failed),
 as a new command's start-up would.
 
-The store file is replaced atomically on every write, so (inode, mtime, size) names one version:
-an idle store costs one `stat` per period.
+The store's index is replaced atomically on every write of a run, so (inode, mtime, size) names
+one version: an idle store costs one `stat` per period, and a changed one a read of the index,
+which names the runs changed since the last look (store.changes), and of their lines.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 from airlockd.lsp import status
 from airlockd.lsp.server import AirlockServer
-from airlockd.records import RunState
+from airlockd.records import LIVE_STATES, RunState
+
+OPEN_STATES = LIVE_STATES | {RunState.PROPOSED}
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ class StoreFollower:
     def __init__(self, ls: AirlockServer) -> None:
         self.ls = ls
         self.key: tuple[int, int, int] | None = None
+        self.serial = 0
         self.seen: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
         self.quiet: dict[str, float] = {}  # changed by this daemon's own decisions: announced already
         self.primed = False
@@ -50,32 +54,41 @@ class StoreFollower:
 
     def _changed(self) -> list[tuple[str, str, bool]]:
         """(run, state, whether its review moved) of the runs that changed since the last look
-        (blocking: reads the store when its file changed)."""
-        from airlockd.records import FileState
-
+        (blocking: reads the index when its file changed, and the lines of what it names)."""
         svc = self.ls.service
         try:
-            st = os.stat(svc.state.store)
+            st = os.stat(svc.state.index_file)
         except FileNotFoundError:
             return []
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key == self.key:
             return []
         self.key = key
+        serial, ids = svc.store.changes(self.serial)
+        self.serial = serial
+        opened = svc.store.lines(states=OPEN_STATES)
+        self.owners = {
+            line.id: (line.owner_pid, line.owner_start)
+            for line in opened
+            if line.state.live and line.owner_pid is not None
+        }
+        if not self.primed:
+            lines = opened
+        elif ids is None:  # more changes than the index keeps: look at the open and the newest runs
+            lines = opened + svc.store.lines(limit=100)
+        else:
+            lines = [line for run_id in ids if run_id and (line := svc.store.line(run_id)) is not None]
         out = []
-        self.owners = {}
-        for rec in svc.store.list_runs():
-            if rec.state.live and rec.owner_pid is not None:
-                self.owners[rec.id] = (rec.owner_pid, rec.owner_start)
-            counts = tuple(sorted((s.value, n) for s in FileState if (n := sum(1 for f in rec.files if f.state is s))))
-            sig = (rec.state.value, counts)
-            old = self.seen.get(rec.id)
-            self.seen[rec.id] = sig
-            if not self.primed or old == sig or rec.id in self.ls.run_processes:
+        for line in lines:
+            counts = tuple(sorted(line.review.items()))
+            sig = (line.state.value, counts)
+            old = self.seen.get(line.id)
+            self.seen[line.id] = sig
+            if not self.primed or old == sig or line.id in self.ls.run_processes:
                 continue  # at start-up, or announced already, or relayed from the process we carry
-            if time.monotonic() - self.quiet.pop(rec.id, -QUIET_S) < QUIET_S:
+            if time.monotonic() - self.quiet.pop(line.id, -QUIET_S) < QUIET_S:
                 continue
-            out.append((rec.id, rec.state.value, old is None or old[1] != counts))
+            out.append((line.id, line.state.value, old is None or old[1] != counts))
         self.primed = True
         return out
 

@@ -124,8 +124,8 @@ async def refresh(ls: AirlockServer) -> None:
         _follow(ls, w, keeper)
         wanted = False  # the keeper's watches cover the tree
     else:
-        recs = await ls.call(ls.service.store.list_runs)
-        wanted = any(r.state is RunState.PROPOSED for r in recs)
+        proposed = await ls.call(ls.service.store.lines, states=frozenset({RunState.PROPOSED}), limit=1)
+        wanted = bool(proposed)
     if wanted and w.tree is None:
         w.tree = await ls.call(w.observer.schedule, _Events(ls, w.workspace), str(w.workspace), recursive=True)
     elif not wanted and w.tree is not None:

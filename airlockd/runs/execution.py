@@ -264,11 +264,9 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
 def publish_sample(svc: Service, run_id: str, sample: dict[str, Any]) -> RunRecord:
     """Persist one live sample (peaks, output, tokens) and announce it; the run as stored."""
 
-    def keep(r: RunRecord) -> None:
-        r.peak = sample["peak"]
-        r.output_bytes, r.tokens, r.growth_bytes = sample["output_bytes"], sample["tokens"], sample["growth_bytes"]
-
-    rec = svc.store.update_run(run_id, keep)
+    keys = ("peak", "output_bytes", "tokens", "growth_bytes")
+    svc.store.put_sample(run_id, {k: sample[k] for k in keys})  # the run's own small file, no lock
+    rec = svc.store.get_run(run_id)
     svc.emit("runStatus", svc.run_status(rec, sample))
     return rec
 

@@ -112,7 +112,8 @@ class RunLifecycle:
 
     def expire_due(self, now: float | None = None) -> list[RunRecord]:
         """Every proposal past its TTL, expired; the daemon's clock calls this."""
-        return [e for rec in self.store.list_runs() if (e := self.expire_if_due(rec, now)) is not None]
+        proposed = self.store.open_runs(frozenset({RunState.PROPOSED}))
+        return [e for rec in proposed if (e := self.expire_if_due(rec, now)) is not None]
 
     def open_for_decision(self, run_id: str) -> RunRecord:
         """The run, when it is proposed and not past its TTL (then it expires here); else StateError."""
@@ -202,9 +203,7 @@ class RunLifecycle:
         changed = set(changed)
         tops = list(trees)
         out = []
-        for rec in self.store.list_runs():
-            if rec.state is not RunState.PROPOSED:
-                continue
+        for rec in self.store.open_runs(frozenset({RunState.PROPOSED})):
             touched = {f.path for f in rec.files if f.path in changed or any(under(f.path, t) or not t for t in tops)}
             if not touched:
                 continue

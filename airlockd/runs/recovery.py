@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from airlockd.errors import EngineError, NotFoundError, UsageError
 from airlockd.interpreter import module_command
 from airlockd.pipeline.commit import recover
-from airlockd.records import RunRecord, RunState
+from airlockd.records import LIVE_STATES, RunRecord, RunState
 from airlockd.runs import execution
 from airlockd.staging import capfs, stagers
 
@@ -38,8 +38,8 @@ def recover_journals(svc: Service) -> None:
 def reconcile(svc: Service) -> None:
     """A live run whose executing process is gone is reaped and recorded as failed; never
     silently forgotten. Its staging copy is kept for inspection."""
-    for rec in svc.store.list_runs():
-        if not rec.state.live or rec.owner_pid is None or alive(rec.owner_pid, rec.owner_start):
+    for rec in svc.store.open_runs(LIVE_STATES):
+        if rec.owner_pid is None or alive(rec.owner_pid, rec.owner_start):
             continue
         reaped = "no container was started"
         if rec.state is RunState.RUNNING and reattach(svc, rec):
@@ -69,24 +69,27 @@ def sweep(svc: Service) -> dict[str, int]:
     """Reap what no live run owns: airlockd's containers of runs that are over (or unknown),
     staging copies of decided runs, run folders without a run. Runs before a new run starts
     and when the daemon starts; a stopped or failed run keeps its staging for inspection."""
-    runs = {r.id: r for r in svc.store.list_runs()}
+    live = {r.id for r in svc.store.lines(states=LIVE_STATES)}
     containers = 0
     try:
         for run_id in svc.sandbox.labelled_runs(str(svc.workspace)):
-            if run_id not in runs or not runs[run_id].state.live:
+            if run_id not in live:
                 containers += svc.sandbox.reap(run_id)
     except EngineError as exc:
         log.warning("could not look for orphaned containers: %s", exc.message)
     decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
     folders = staging = 0
     for run_dir in sorted(svc.state.runs.iterdir()) if svc.state.runs.is_dir() else []:
-        rec = runs.get(run_dir.name) or _admitted_since(svc, run_dir.name)
-        if rec is None:
+        staged = (run_dir / "staging").exists()
+        if not staged and svc.state.record(run_dir.name).exists():
+            continue  # a run's folder, nothing to release: no record is read (two stats a folder)
+        rec = _admitted_since(svc, run_dir.name)
+        if rec is None or rec.compacted_at is not None:
             if capfs.is_mount(run_dir / "staging"):
                 capfs.unmount(run_dir / "staging")
             shutil.rmtree(run_dir, ignore_errors=True)
             folders += 1
-        elif rec.state in decided and (run_dir / "staging").exists():
+        elif rec.state in decided and staged:
             cleanup_staging(svc, rec)
             staging += 1
     swept = {"containers": containers, "run_folders": folders, "staging_copies": staging}

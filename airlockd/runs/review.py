@@ -513,6 +513,12 @@ class Review:
         todo = [a for a in rec.applied if not a.undone]
         if not todo:
             raise StateError(f"run {rec.id} has nothing applied to undo")
+        window = self._policy().retention.undo_days
+        if rec.compacted_at is not None or time.time() - max(a.at for a in todo) > window * 86400:
+            raise StateError(
+                f"run {rec.id} can no longer be undone: it landed more than {window:g} days ago, past the undo window",
+                hint="[retention] undo_days in the policy sets the window; its changes are in `airlockd show`",
+            )
         for a in reversed(todo):
             ops = undo_ops(self.workspace, self.state.backups, a.txid)
             commit(self.workspace, self.state.journal, self.state.backups, f"{a.txid}-undo", ops)

@@ -27,7 +27,7 @@ from airlockd.evidence.document import live_tree, schemes_differ
 from airlockd.pipeline import admission
 from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
-from airlockd.records import RunRecord, RunState, Transition
+from airlockd.records import RunRecord, RunState
 from airlockd.redact import Redactor, install_log_redaction
 from airlockd.runs import execution, inspection, recovery
 from airlockd.runs.containment import RunMonitor
@@ -40,7 +40,7 @@ from airlockd.staging import stagers
 from airlockd.staging.keeper import MirrorKeeper
 from airlockd.staging.withheld import learn as learn_withheld
 from airlockd.state import StateDir
-from airlockd.store import Store, update_agent_in
+from airlockd.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -325,17 +325,8 @@ class Service:
         elif screened.secrets:  # policy says redact: the agent gets the prompt with the secret masked
             prompt = self.redactor.text(prompt)
             rec.prompt_redactions = list(screened.secrets)
-        with self.store.tx() as db:
-            if reason is None:
-                live = [r for r in db.table("runs").all() if r["agent"] == agent and RunState(r["state"]).live]
-                usage = update_agent_in(db, agent, lambda u: None)
-                reason = admission.refusal(cfg, usage, prompt, len(live))
-            if reason is None:
-                update_agent_in(db, agent, lambda u: setattr(u, "runs_used", u.runs_used + 1))
-            else:
-                rec.state = RunState.REJECTED_AT_ADMISSION
-            rec.transitions.append(Transition(state=rec.state, at=time.time(), detail=reason or ""))
-            db.table("runs").insert(rec.model_dump(mode="json"))
+        refused = reason
+        reason = self.store.admit(rec, lambda live, usage: refused or admission.refusal(cfg, usage, prompt, live))
         self.audit.append(
             "admission." + ("refused" if reason else "admitted"),
             run=run_id,

@@ -15,6 +15,8 @@ LINES = [
     ["--json", "run", "--agent", "bot", "--follow-up", "r1", "-"],
     ["_execute", "--events", "--values-on-stdin", "r1"],
     ["runs"],
+    ["runs", "--limit", "5", "--state", "proposed,applied", "--agent", "bot", "--since", "3d", "--before", "r1"],
+    ["gc", "--apply", "--json"],
     ["show", "r1", "--json"],
     ["diff", "r1", "src/a.py"],
     ["approve", "r1", "--path", "src", "--hunk", "a.py:3f", "--hunk", "b.py:9a"],

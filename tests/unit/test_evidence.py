@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fakesandbox import FakeSandbox, _unmount_staging, kinds, workspace  # noqa: F401
+from storefiles import store_text
 
 from airlockd.cli import main
 from airlockd.evidence.document import evidence, live_tree
@@ -221,7 +222,7 @@ def test_a_changed_path_holding_a_secret_is_denied_and_masked(tmp_path: Path) ->
     svc = Service(ws, sandbox=FakeSandbox(agent))
     rec = _run(svc)
     assert [f.rule for f in rec.files] == ["invariant:secret-in-name"]
-    assert "AKIAIOSFODNN7EXAMPLE" not in svc.state.store.read_text()
+    assert "AKIAIOSFODNN7EXAMPLE" not in store_text(svc.state)
     assert "AKIAIOSFODNN7EXAMPLE" not in svc.state.audit.read_text()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from fakesandbox import FakeSandbox, workspace
+from storefiles import store_text
 
 from airlockd.errors import AdmissionRejected, StateError
 from airlockd.lsp import proposal
@@ -223,7 +224,7 @@ def test_values_are_learnt_again_at_inspection(tmp_path: Path) -> None:
     rec = _run(svc)
     (b,) = rec.files
     assert (b.decision, b.rule) == (Decision.DENY, "invariant:secret-in-content")
-    assert fresh not in svc.state.store.read_text()
+    assert fresh not in store_text(svc.state)
 
 
 def test_values_staging_found_by_content_or_deep_are_known_to_every_later_process(tmp_path: Path) -> None:

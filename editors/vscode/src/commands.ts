@@ -155,7 +155,7 @@ export class Commands {
   }
 
   async refreshRuns(): Promise<KnownRun[]> {
-    const runs = await this.d.daemon.request<RunSummary[]>("airlock.listRuns");
+    const runs = await this.d.daemon.request<RunSummary[]>("airlock.listRuns", { limit: 200 });
     this.d.state.setSummaries(runs);
     return this.d.state.runList();
   }

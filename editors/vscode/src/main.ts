@@ -101,9 +101,11 @@ export function activateWith(context: vscode.ExtensionContext, makeDaemon: Daemo
 export async function sync(daemon: Daemon, state: AirlockState): Promise<void> {
   try {
     state.setAgents(await daemon.request<AgentInfo[]>("airlock.listAgents"));
-    const runs = await daemon.request<RunSummary[]>("airlock.listRuns");
-    state.setSummaries(runs);
-    for (const r of runs.filter((x) => x.state === "proposed")) {
+    // the newest runs, and every proposed one however old (a listing is a page, not the history)
+    const runs = await daemon.request<RunSummary[]>("airlock.listRuns", { limit: 200 });
+    const proposed = await daemon.request<RunSummary[]>("airlock.listRuns", { state: ["proposed"], limit: 10000 });
+    state.setSummaries([...runs, ...proposed.filter((p) => !runs.some((r) => r.runId === p.runId))]);
+    for (const r of proposed) {
       state.setProposal(await daemon.request<Proposal>("airlock.getProposal", { runId: r.runId }));
     }
   } catch (err) {

@@ -99,7 +99,7 @@ end
 M.show_lines = show_lines
 
 function M.status()
-  lsp.command('listRuns', {}, function(err, runs)
+  lsp.command('listRuns', { limit = 15 }, function(err, runs)
     if err then
       return
     end

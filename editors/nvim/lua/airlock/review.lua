@@ -529,7 +529,7 @@ function M.review(run_id, cb)
   if state.review_run then
     return open(state.review_run)
   end
-  lsp.command('listRuns', {}, function(err, runs)
+  lsp.command('listRuns', { state = { 'proposed' }, limit = 1 }, function(err, runs)
     if err then
       return cb and cb(err, nil)
     end

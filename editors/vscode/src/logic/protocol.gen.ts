@@ -51,6 +51,7 @@ export interface AirlockProtocol {
   diffArgs: DiffArgs;
   agentArgs: AgentArgs;
   noArgs: NoArgs;
+  listRunsArgs: ListRunsArgs;
   runProgress: RunProgress;
   runDone: RunDone;
   daemonHello: DaemonHello;
@@ -453,6 +454,20 @@ export interface AgentArgs {
   agent: string;
 }
 export interface NoArgs {}
+/**
+ * `airlock.listRuns`: the newest runs first, at most `limit`, of the states / agent given,
+ * admitted at or after `since` (seconds since the epoch); `before` (a run id) pages on.
+ */
+export interface ListRunsArgs {
+  limit?: number;
+  /**
+   * @minItems 1
+   */
+  state?: [RunState, ...RunState[]];
+  agent?: string;
+  since?: number;
+  before?: string;
+}
 /**
  * `airlock/progress`: a step of a run the daemon carries (the CLI's `run --wait` prints it).
  */

@@ -1,0 +1,82 @@
+"""`airlockd runs` (a page of run lines, never a full record) and `airlockd gc`'s report."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from datetime import datetime
+from typing import Any
+
+from airlockd.errors import UsageError
+from airlockd.records import RunState
+from airlockd.store import RunLine, Store
+
+_SPAN = re.compile(r"(\d+(?:\.\d+)?)([dhm])")
+_UNIT = {"d": 86400, "h": 3600, "m": 60}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """`3d`, `12h`, `30m` ago, or a local date / date and time (ISO 8601)."""
+    if m := _SPAN.fullmatch(text.strip()):
+        return (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r} is neither a span nor a date",
+            hint="write 3d, 12h or 30m, or a date such as 2026-12-01 or 2026-12-01T09:30",
+        ) from None
+
+
+def parse_states(values: list[str] | None) -> frozenset[RunState] | None:
+    if not values:
+        return None
+    names = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    try:
+        return frozenset(RunState(n) for n in names)
+    except ValueError:
+        known = ", ".join(s.value for s in RunState)
+        raise UsageError(f"--state {','.join(names)!r}: not a run state", hint=f"the states: {known}") from None
+
+
+def line_json(line: RunLine) -> dict[str, Any]:
+    return line.model_dump(mode="json", exclude={"owner_pid", "owner_start"})
+
+
+def list_runs(args: argparse.Namespace, store: Store) -> Any:
+    limit = None if args.all else args.limit
+    lines = store.lines(
+        limit=None if limit is None else limit + 1,  # one more: whether there is a next page
+        states=parse_states(args.state),
+        agent=args.agent,
+        since=parse_since(args.since) if args.since else None,
+        before=args.before,
+    )
+    more = limit is not None and len(lines) > limit
+    lines = lines[:limit] if limit is not None else lines
+    if args.json:
+        return [line_json(line) for line in lines]
+    for r in lines:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
+        kept = "  (compacted)" if r.compacted else ""
+        print(f"{r.id}  {when}  {r.agent:12} {r.state.value:22} {r.files:3} changes  {r.prompt[:50]!r}{kept}")
+    if more:
+        print(f"… older runs: airlockd runs --before {lines[-1].id}")
+    return None
+
+
+def print_gc(report: dict[str, Any]) -> None:
+    verb = "compacted" if report["applied"] else "would compact"
+    runs = report["runs"]
+    print(f"{verb} {len(runs)} run(s), freeing {report['bytes']:,} bytes", end="")
+    print(f"; audit segments {'dropped' if report['applied'] else 'to drop'}: {len(report['audit_segments'])}")
+    for r in runs[:50]:
+        print(f"  {r['id']}  {r['state']:10} {r['why']}  ({r['bytes']:,} bytes)")
+    if len(runs) > 50:
+        print(f"  … and {len(runs) - 50} more (--json lists all)")
+    for k in report["kept"]:
+        print(f"  kept {k['id']}: {k['why']}")
+    print(f"  retention: {report['retention']}")
+    if not report["applied"] and runs:
+        print("  run `airlockd gc --apply` to do it")

@@ -1,0 +1,82 @@
+"""The first store layout (one `store.json` holding every run and agent) converted to today's
+(airlockd/store.py), once, under the store's lock, so that a crash at any point leaves either the
+old layout whole or the new one whole.
+
+The old file is the truth until the new index exists: records and the days' lines are written
+first (a crash there leaves them unreferenced, and the next start writes them again from the same
+`store.json`), the index last and atomically, and `store.json` is removed only after that (a crash
+between the two: the next start sees the index and removes the old file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from typing import Any
+
+from pydantic import ValidationError
+
+from airlockd.errors import StateError
+from airlockd.fsutil import atomic_write_bytes, fsync_dir, syncfs
+from airlockd.records import AgentUsage, RunRecord
+from airlockd.state import StateDir
+
+log = logging.getLogger(__name__)
+
+
+def migrate(state: StateDir) -> int:
+    """Convert a first-layout store; the number of runs converted (0: nothing to do). The caller
+    holds the store's lock."""
+    old = state.store
+    if not old.exists():
+        return 0
+    if state.index_file.exists():  # converted; the crash came before the old file went
+        old.unlink()
+        fsync_dir(state.root)
+        return 0
+    from airlockd.store import _settled, day_of, line_of
+
+    try:
+        data = json.loads(old.read_bytes())
+        runs = [RunRecord.model_validate(doc) for doc in _table(data, "runs")]
+        agents = [AgentUsage.model_validate(doc) for doc in _table(data, "agents")]
+    except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+        raise StateError(
+            f"the store {old} cannot be converted to the current layout: {str(exc).splitlines()[0]}",
+            hint="it is left as it was; restore it from a backup, or move it aside to start afresh",
+        ) from None
+    for d in (state.records, state.history):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    days: dict[str, dict[str, Any]] = defaultdict(dict)
+    opened: dict[str, Any] = {}
+    for rec in sorted(runs, key=lambda r: r.created_at):
+        doc = rec.model_dump(mode="json")
+        atomic_write_bytes(state.record(rec.id), json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
+        line = line_of(rec)
+        if _settled(rec.state):
+            days[day_of(rec.id)][str(len(days[day_of(rec.id)]) + 1)] = line
+        else:
+            opened[str(len(opened) + 1)] = line
+    for day, rows in days.items():
+        atomic_write_bytes(state.history / f"{day}.json", json.dumps({"runs": rows}, separators=(",", ":")).encode())
+    syncfs(state.root)
+    index = {
+        "open": opened,
+        "agents": {str(n): a.model_dump(mode="json") for n, a in enumerate(agents, 1)},
+        "meta": {"1": {"serial": 1, "recent": []}},
+    }
+    atomic_write_bytes(state.index_file, json.dumps(index, separators=(",", ":")).encode())
+    old.unlink()
+    fsync_dir(state.root)
+    log.info("store converted to the current layout: %d runs, %d agents", len(runs), len(agents))
+    return len(runs)
+
+
+def _table(data: Any, name: str) -> list[Any]:
+    if not isinstance(data, dict):
+        raise ValueError("the file does not hold a JSON object")
+    table = data.get(name) or {}
+    if not isinstance(table, dict):
+        raise ValueError(f"its {name!r} table is not a JSON object")
+    return list(table.values())

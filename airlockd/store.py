@@ -175,7 +175,9 @@ class Tx:
         self._records[run_id] = None
         self.changed.append(run_id)
 
-    def commit(self) -> None:
+    def commit(self, checkpoint: Callable[[], None] = lambda: None) -> None:
+        """Records first, then the days' lines, then the index; `checkpoint` between each (the
+        crash tests' kill points)."""
         self.state.records.mkdir(mode=0o700, exist_ok=True)
         for run_id, doc in self._records.items():
             path = self.state.record(run_id)
@@ -185,8 +187,10 @@ class Tx:
             atomic_write_bytes(path, json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
             if doc["state"] not in _LIVE_NAMES:
                 self.state.live_sample(run_id).unlink(missing_ok=True)
+        checkpoint()
         for db in self._days.values():
             db.close()
+        checkpoint()
         if self.changed:
             meta = self.index.table("meta")
             row: dict[str, Any] = dict(meta.get(doc_id=1) or {"serial": 0, "recent": []})
@@ -236,13 +240,13 @@ class Store:
         self._ready = False
 
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
+    def tx(self, checkpoint: Callable[[], None] = lambda: None) -> Iterator[Tx]:
         """An exclusive transaction: what it writes lands when it ends (not if it raises)."""
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
             self._prepare()
             tx = Tx(self.state)
             yield tx
-            tx.commit()
+            tx.commit(checkpoint)
 
     def _prepare(self) -> None:
         """Under the lock, once per Store: convert a store of the first layout, and bring the open
@@ -344,27 +348,38 @@ class Store:
             tx.put(rec)
             return rec
 
-    def compact(self, run_id: str, now: float) -> RunRecord:
-        """A finished run reduced to its summary (retention): the summary is written to its day's
-        file first, then the line says so and the record goes, so a crash between keeps one of the
-        two and a second call finishes the first."""
-        with self.tx() as tx:
-            rec = self.get_run_exact(run_id)
-            if not _settled(rec.state):
-                raise StateError(f"run {rec.id} is {rec.state.value}: only a finished run can be compacted")
-            if rec.compacted_at is None:
-                rec = rec.model_copy(deep=True)
-                rec.compacted_at = now
-                rec.owner_pid = rec.owner_start = None
-                for f in rec.files:
-                    f.base_blob = None  # its blob went with the run's folder
-                self.state.summaries.mkdir(mode=0o700, exist_ok=True)
-                db = _open(self.state.summaries / f"{day_of(rec.id)}.json")
-                db.table("runs").upsert(rec.model_dump(mode="json"), Query().id == rec.id)
+    def compact(self, run_ids: list[str], now: float, checkpoint: Callable[[], None] = lambda: None) -> list[RunRecord]:
+        """Finished runs reduced to their summaries (retention), in one transaction: the summaries
+        are written to their days' files first, then the records go and the lines say so, so a
+        crash between keeps one of the two and a second call finishes the first."""
+        with self.tx(checkpoint) as tx:
+            out = []
+            for run_id in run_ids:
+                rec = self.get_run_exact(run_id)
+                if not _settled(rec.state):
+                    raise StateError(f"run {rec.id} is {rec.state.value}: only a finished run can be compacted")
+                if rec.compacted_at is None:
+                    rec = rec.model_copy(deep=True)
+                    rec.compacted_at = now
+                    rec.owner_pid = rec.owner_start = None
+                    for f in rec.files:
+                        f.base_blob = None  # its blob went with the run's folder
+                out.append(rec)
+            by_day: dict[str, list[RunRecord]] = {}
+            for rec in out:
+                by_day.setdefault(day_of(rec.id), []).append(rec)
+            self.state.summaries.mkdir(mode=0o700, exist_ok=True)
+            for day, recs in by_day.items():
+                db = _open(self.state.summaries / f"{day}.json")
+                table = db.table("runs")
+                have = {str(r["id"]) for r in table.all()}
+                table.insert_multiple(r.model_dump(mode="json") for r in recs if r.id not in have)
                 db.close()
-            tx.put(rec)
-            tx.drop_record(rec.id)
-            return rec
+                checkpoint()
+            for rec in out:
+                tx.put(rec)
+                tx.drop_record(rec.id)
+            return out
 
     def put_sample(self, run_id: str, sample: dict[str, Any]) -> None:
         """A live run's latest figures: its own small file, replaced, never fsynced (a sample lost

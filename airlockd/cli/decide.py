@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> Any:
     if daemon is not None:
         return _run_through(daemon, args, prompt)
     svc = service(args, recover=True)
-    svc.sweep()
+    svc.sweep(folders=False)  # the folders at the daemon's start and at each gc
     rec = svc.submit(args.agent, prompt, mode=args.mode, follow_up=args.follow_up)
     if args.wait:
 

@@ -131,6 +131,7 @@ class AirlockServer(LanguageServer):
         self.spawn(upkeep.start_launcher(self), name="launcher")
         self.spawn(follow.follow(self), name="store follower")
         self.spawn(upkeep.sweep(self), name="sweep")
+        self.spawn(upkeep.retain(self), name="retention")
 
     def proposal_changed(self, run_id: str) -> None:
         for fn in list(self.on_proposal_change):

@@ -50,3 +50,29 @@ async def sweep(ls: AirlockServer) -> None:
         return
     if any(swept.values()):
         log.info("swept at start-up: %s", swept)
+
+
+RETAIN_FIRST_S = 120.0  # after start-up, when the first run has had its chance
+RETAIN_EVERY_S = 3600.0
+
+
+async def retain(ls: AirlockServer) -> None:
+    """Compact what the retention policy lets go, a while after start-up and hourly (off the
+    loop; nothing a live, proposed or undoable run needs is touched: runs/retention.py)."""
+    from airlockd.runs import retention
+
+    await asyncio.sleep(RETAIN_FIRST_S)
+    while True:
+        if ls.service.policy.retention.auto:
+            try:
+                report = await ls.call(retention.collect, ls.service, apply=True)
+                if report["runs"] or report["audit_segments"] or report["leftovers"]:
+                    log.info(
+                        "retention: %d run(s) compacted (%d bytes), %d audit segment(s) dropped",
+                        len(report["runs"]),
+                        report["bytes"],
+                        len(report["audit_segments"]),
+                    )
+            except Exception:  # tried again at the next period; a run is never held up by it
+                log.exception("retention failed")
+        await asyncio.sleep(RETAIN_EVERY_S)

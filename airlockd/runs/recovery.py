@@ -65,10 +65,12 @@ def reconcile(svc: Service) -> None:
         keep_for_inspection(svc, svc.lifecycle.transition(rec, RunState.FAILED, why, error=why))
 
 
-def sweep(svc: Service) -> dict[str, int]:
+def sweep(svc: Service, folders: bool = True) -> dict[str, int]:
     """Reap what no live run owns: airlockd's containers of runs that are over (or unknown),
-    staging copies of decided runs, run folders without a run. Runs before a new run starts
-    and when the daemon starts; a stopped or failed run keeps its staging for inspection."""
+    and (`folders`) staging copies of decided runs and run folders without a run. The
+    containers before a new run starts; everything when the daemon starts and at each `gc`
+    (the folders cost a look at each run's folder, which a run should not pay). A stopped or
+    failed run keeps its staging for inspection."""
     live = {r.id for r in svc.store.lines(states=LIVE_STATES)}
     containers = 0
     try:
@@ -78,8 +80,8 @@ def sweep(svc: Service) -> dict[str, int]:
     except EngineError as exc:
         log.warning("could not look for orphaned containers: %s", exc.message)
     decided = {RunState.APPLIED, RunState.REJECTED, RunState.EXPIRED, RunState.UNDONE}
-    folders = staging = 0
-    for run_dir in sorted(svc.state.runs.iterdir()) if svc.state.runs.is_dir() else []:
+    swept_folders = staging = 0
+    for run_dir in sorted(svc.state.runs.iterdir()) if folders and svc.state.runs.is_dir() else []:
         staged = (run_dir / "staging").exists()
         if not staged and svc.state.record(run_dir.name).exists():
             continue  # a run's folder, nothing to release: no record is read (two stats a folder)
@@ -88,11 +90,11 @@ def sweep(svc: Service) -> dict[str, int]:
             if capfs.is_mount(run_dir / "staging"):
                 capfs.unmount(run_dir / "staging")
             shutil.rmtree(run_dir, ignore_errors=True)
-            folders += 1
+            swept_folders += 1
         elif rec.state in decided and staged:
             cleanup_staging(svc, rec)
             staging += 1
-    swept = {"containers": containers, "run_folders": folders, "staging_copies": staging}
+    swept = {"containers": containers, "run_folders": swept_folders, "staging_copies": staging}
     if any(swept.values()):
         svc.audit.append("recovery.swept", policy=svc.loaded.revision, swept=swept)
     return swept

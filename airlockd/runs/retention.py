@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DAY = 86400.0
+BATCH = 500  # runs compacted per store transaction
+MARGIN_S = 3600.0  # an applied run stays whole this long past its undo window
 _steps = itertools.count(1)
 
 
@@ -99,7 +101,7 @@ def collect(svc: Service, *, apply: bool, now: float | None = None) -> dict[str,
             continue
         rec = svc.store.get_run_exact(line.id)
         until = undo_open_until(svc, rec)
-        if until is not None and until > now:
+        if until is not None and until + MARGIN_S > now:  # an undo may be starting just now
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(until))
             kept.append({"id": rec.id, "why": f"can be undone until {when}"})
             continue
@@ -126,9 +128,10 @@ def collect(svc: Service, *, apply: bool, now: float | None = None) -> dict[str,
                 runs=[r["id"] for r in runs],
                 bytes=report["bytes"],
             )
-        for rec, _ in chosen:
-            compact(svc, rec, now)
+        for at in range(0, len(chosen), BATCH):
+            compact(svc, [rec for rec, _ in chosen[at : at + BATCH]], now)
         report["leftovers"] = sweep_compacted(svc)
+        report["swept"] = svc.sweep()
         if ret.audit_days > 0:
             report["audit_segments"] = list(svc.audit.drop_before(now - ret.audit_days * DAY))
             if report["audit_segments"]:
@@ -147,14 +150,15 @@ def _droppable(svc: Service, now: float, audit_days: float) -> list[str]:
     return list(sealed(now - audit_days * DAY)) if sealed else []
 
 
-def compact(svc: Service, rec: RunRecord, now: float) -> None:
-    """One run to its summary, then its files gone, each step atomic."""
+def compact(svc: Service, recs: list[RunRecord], now: float) -> None:
+    """Runs to their summaries in one store transaction, then their files gone, each step atomic."""
     _step()
-    svc.store.compact(rec.id, now)  # the summary is written before the record goes
+    svc.store.compact([rec.id for rec in recs], now, _step)  # the summaries are written before the records go
     _step()
-    for part in [svc.state.run_dir(rec.id), *_backups(svc, rec.id)]:
-        _remove(part)
-        _step()
+    for rec in recs:
+        for part in [svc.state.run_dir(rec.id), *_backups(svc, rec.id)]:
+            _remove(part)
+            _step()
 
 
 def sweep_compacted(svc: Service) -> int:
@@ -176,7 +180,3 @@ def sweep_compacted(svc: Service) -> int:
             removed += 1
             _step()
     return removed
-
-
-def due(svc: Service) -> bool:
-    return svc.policy.retention.auto

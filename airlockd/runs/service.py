@@ -501,9 +501,9 @@ class Service:
 
     # -- recovery (airlockd/runs/recovery.py) ------------------------------------------------------
 
-    def sweep(self) -> dict[str, int]:
+    def sweep(self, folders: bool = True) -> dict[str, int]:
         """Reap what no live run owns; see `recovery.sweep`."""
-        return recovery.sweep(self)
+        return recovery.sweep(self, folders)
 
     def keep_for_inspection(self, rec: RunRecord) -> None:
         recovery.keep_for_inspection(self, rec)

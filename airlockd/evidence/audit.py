@@ -7,7 +7,12 @@ chain alone cannot: events cut from, or added to, the end. With a `signer`, ever
 CHECKPOINT_EVERY events a signed checkpoint (seq, hash, time) is appended to
 `audit.jsonl.checkpoints`; someone holding only the public key can then tell a log cut below, or
 rewritten at or before, its last checkpoint (signing.verify_checkpoints), even when the head file
-was rewritten to match. `docs/audit.md` has the format.
+was rewritten to match.
+
+The log does not grow into one file: past `segment_bytes` the active segment is sealed into
+`audit/` beside it and listed in a manifest with the runs it holds, so a run's timeline reads only
+its segments, and old segments can be dropped leaving anchors the chain is taken up from
+(segments.py). `docs/audit.md` has the format.
 """
 
 from __future__ import annotations
@@ -17,21 +22,27 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from itertools import takewhile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from filelock import FileLock
 
+from airlockd.errors import AirlockError
+from airlockd.evidence.chain import GENESIS, ChainBreak, ChainEnd, check, verify_lines
+from airlockd.evidence.chain import digest as _digest
+from airlockd.evidence.segments import Segment, Segments, last_line
 from airlockd.fsutil import LOCK_POLL_S
 from airlockd.redact import Redactor
 
-GENESIS = "0" * 64
 CHECKPOINT_EVERY = 64
 MAX_STRING = 4096  # characters of one string in an event's data
 MAX_ITEMS = 200  # entries of one list or object in an event's data
+SEGMENT_BYTES = 4 << 20  # the active segment is sealed once it holds this much
 Signer = Callable[[bytes], bytes]
+__all__ = ["GENESIS", "AuditLog", "ChainBreak", "ChainEnd", "bounded", "checkpoint_message", "verify_lines"]
 
 
 def checkpoint_message(seq: int, digest: str, at: float) -> bytes:
@@ -61,34 +72,6 @@ def bounded(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _digest(event: dict[str, Any]) -> str:
-    body = {k: v for k, v in event.items() if k != "hash"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _last_line(path: Path) -> bytes | None:
-    with path.open("rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        end = fh.tell()
-        pos, buf = end, b""
-        while pos > 0:
-            step = min(65536, pos)
-            pos -= step
-            fh.seek(pos)
-            buf = fh.read(step) + buf
-            lines = buf.rstrip(b"\n").rsplit(b"\n", 1)
-            if len(lines) == 2 or pos == 0:
-                return lines[-1] or None
-    return None
-
-
-@dataclass(frozen=True)
-class ChainBreak:
-    line: int
-    seq: int | None
-    problem: str
-
-
 class AuditLog:
     def __init__(
         self,
@@ -99,6 +82,7 @@ class AuditLog:
         chain: bool = True,
         signer: Signer | None = None,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.path = path
         self.redactor = redactor
@@ -106,8 +90,10 @@ class AuditLog:
         self.chain = chain
         self.signer = signer
         self.checkpoint_every = checkpoint_every
+        self.segment_bytes = segment_bytes
         self.head = Path(str(path) + ".head")
         self.checkpoints = Path(str(path) + ".checkpoints")
+        self.segments = Segments(path, fsync=fsync)
         self._lock = FileLock(str(path) + ".lock", timeout=30)
 
     def append(
@@ -121,10 +107,11 @@ class AuditLog:
     ) -> dict[str, Any]:
         """Record one event; every string in it is redacted first."""
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
-            prev, seq = GENESIS, 0
-            if self.path.exists() and (last := _last_line(self.path)):
-                tail = json.loads(last)
-                prev, seq = tail.get("hash", GENESIS), int(tail["seq"]) + 1
+            self.segments.recover()
+            last = last_line(self.path, heal=True)
+            if last is not None and os.stat(self.path).st_size >= self.segment_bytes:
+                self.segments.seal(self.segment_bytes)
+            prev, seq = self._next(last)
             event: dict[str, Any] = {
                 "seq": seq,
                 "at": round(time.time(), 6),
@@ -151,18 +138,32 @@ class AuditLog:
                     self._checkpoint(seq, event["hash"])
             return event
 
+    def _next(self, last: bytes | None) -> tuple[str, int]:
+        """The `prev` and `seq` of the next event: after the active segment's last event, or,
+        when the active segment is new, the last sealed one's."""
+        if last is not None:
+            tail = json.loads(last)
+            return tail.get("hash", GENESIS), int(tail["seq"]) + 1
+        sealed = self.segments.last_entry()
+        if sealed is not None:
+            return sealed.hash or GENESIS, sealed.last_seq + 1
+        return GENESIS, 0
+
     def _checkpoint(self, seq: int, digest: str) -> None:
-        assert self.signer is not None
         at = round(time.time(), 6)
-        sig = base64.b64encode(self.signer(checkpoint_message(seq, digest, at))).decode()
-        line = json.dumps({"seq": seq, "hash": digest, "at": at, "sig": sig}, sort_keys=True) + "\n"
+        sig = self._sign(checkpoint_message(seq, digest, at))
+        line = json.dumps({"seq": seq, "hash": digest, "at": at, "sig": sig}, sort_keys=True)
         fd = os.open(self.checkpoints, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode())
+            os.write(fd, (line + "\n").encode())
             if self.fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _sign(self, message: bytes) -> str:
+        assert self.signer is not None
+        return base64.b64encode(self.signer(message)).decode()
 
     def _write_head(self, seq: int, digest: str) -> None:
         """Replace the head file atomically: readers see the old head or the new one."""
@@ -177,84 +178,156 @@ class AuditLog:
         os.replace(tmp, self.head)
 
     def events(self, run: str | None = None) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    ev = json.loads(raw)
-                    if run is None or ev.get("run") == run:
-                        yield ev
+        """The events in seq order; with `run`, that run's, read from the active segment and the
+        sealed segments whose manifest entry lists the run, no others. Takes no lock: the active
+        segment is opened first, so a seal meanwhile moves what this reads under its new name
+        (the manifest entries from the one for the segment held open on are passed over) and no
+        event is read twice."""
+        with ExitStack() as stack:
+            try:
+                active: IO[bytes] | None = stack.enter_context(self.path.open("rb"))
+            except FileNotFoundError:
+                active = None
+            start = _first_seq(active)
+            for seg in self.segments.kept(run):
+                if start is not None and seg.first_seq >= start:
+                    break  # sealed meanwhile, or its rename still to come: these are in `active`
+                if run is not None and not seg.holds(run):
+                    continue
+                try:
+                    data = (self.segments.dir / seg.file).read_bytes()
+                except FileNotFoundError:
+                    continue  # dropped meanwhile
+                yield from _select(data, run)
+            if active is not None:
+                yield from _select(active.read(), run)
 
     def verify(self) -> ChainBreak | None:
-        """None when the whole chain holds and ends where the head says; else the first event
-        that does not fit."""
-        if not self.path.exists():
-            return None
+        """None when the whole chain holds, across every kept segment, and ends where the head
+        says; else the first thing that does not fit (the file and its line)."""
         # an append between reading the log and its head is not a break
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
-            with self.path.open("rb") as fh:
-                brk, last = verify_lines(fh)
-            if brk is not None or (last[0] == 0 and not self.head.exists()):
+            brk, end = self.verify_chain()
+            if brk is not None or (end.last_seq is None and not self.head.exists()):
                 return brk
+            where = end.file or self.path.name
             if not self.head.exists():
                 return ChainBreak(
-                    last[0],
-                    last[1],
+                    end.line,
+                    end.last_seq,
                     f"the head file {self.head.name} is missing: events cut from or added to the end "
                     "cannot be ruled out",
+                    where,
                 )
             try:
                 head = json.loads(self.head.read_bytes())
                 head_seq, head_hash = int(head["seq"]), str(head["hash"])
             except (ValueError, KeyError, TypeError):
-                return ChainBreak(last[0] + 1, None, f"the head file {self.head.name} is unreadable")
-        count, last_seq, last_hash = last
-        if last_seq is None or last_seq < head_seq:
-            return ChainBreak(
-                count + 1,
-                (last_seq + 1) if last_seq is not None else 0,
-                f"the log ends before seq {head_seq}, the last event written: events at its end were deleted",
-            )
-        if last_seq > head_seq:
-            return ChainBreak(
-                head_seq + 2,
-                head_seq + 1,
-                f"events after seq {head_seq} were not written by airlockd (appended to the log afterwards)",
-            )
-        if last_hash != head_hash:
-            return ChainBreak(count, last_seq, "the last event is not the one airlockd wrote (replaced)")
+                return ChainBreak(end.line + 1, None, f"the head file {self.head.name} is unreadable", self.head.name)
+        return _against_head(end, head_seq, head_hash, where)
+
+    def verify_chain(self, keep: dict[int, str] | None = None) -> tuple[ChainBreak | None, ChainEnd]:
+        """The chain alone, head file aside (what the signed checkpoints are checked against):
+        the anchors, the manifest, each kept sealed segment in order (its events, then its bytes
+        against the manifest), then the active segment, as one chain. A seal or a drop a crash
+        left half done is finished first. `keep` as for verify_lines."""
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
+            self.segments.recover()
+            return check(self.segments, keep)
+
+    def snapshot(self) -> tuple[bytes, tuple[str, int]]:
+        """The lines of every kept segment and the active one, byte for byte and in order (what an
+        export holds), with the `prev` and `seq` its first event follows (not the genesis once
+        segments were dropped). Read under the lock: no seal or drop moves a file meanwhile."""
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
+            self.segments.recover()
+            kept = self.segments.kept()
+            parts = [(self.segments.dir / seg.file).read_bytes() for seg in kept]
+            parts.append(self.path.read_bytes() if self.path.exists() else b"")
+            anchors = self.segments.anchor_list()
+        start = (anchors[-1].hash or GENESIS, anchors[-1].last_seq + 1) if anchors else (GENESIS, 0)
+        return b"".join(parts), start
+
+    def drop_before(self, at: float) -> list[str]:
+        """Drop the oldest sealed segments whose events are all older than `at` (Unix time),
+        oldest first and never the active one; an anchor stands for each, so what is kept still
+        verifies. Returns the manifest names of the files dropped (oldest first; [] when none).
+        Refuses (AirlockError) a segment whose bytes are not the ones sealed: a drop must not
+        erase the trace of an edit. Writes no event: the caller records what it dropped."""
+        with self._lock.acquire(poll_interval=LOCK_POLL_S):
+            self.segments.recover()
+            doomed = self._older(at)
+            for seg in doomed:
+                _check_sealed_bytes(self.segments, seg)
+            if doomed:
+                self.segments.drop(doomed, self._sign if self.signer is not None else None)
+            return [seg.file for seg in doomed]
+
+    def droppable_before(self, at: float) -> list[str]:
+        """What drop_before(at) would drop now; changes nothing (a dry run)."""
+        return [seg.file for seg in self._older(at)]
+
+    def _older(self, at: float) -> list[Segment]:
+        return list(takewhile(lambda s: s.last_at < at, self.segments.kept()))
+
+
+def _first_seq(fh: IO[bytes] | None) -> int | None:
+    if fh is None:
         return None
+    first = fh.readline()
+    fh.seek(0)
+    return int(json.loads(first)["seq"]) if first.endswith(b"\n") else None
 
 
-def verify_lines(
-    lines: Iterable[bytes], keep: dict[int, str] | None = None
-) -> tuple[ChainBreak | None, tuple[int, int | None, str]]:
-    """Check a hash chain from its first event: (the first break or None, (events read, last
-    seq, last hash)). Used for the live log and for exports, which need nothing else. With
-    `keep`, the hash of each seq in it is filled in as the chain passes it."""
-    prev, expect_seq, count = GENESIS, 0, 0
-    last_seq: int | None = None
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            return ChainBreak(lineno, None, "empty line"), (count, last_seq, prev)
-        try:
-            ev = json.loads(raw)
-        except json.JSONDecodeError:
-            return ChainBreak(lineno, None, "not valid JSON"), (count, last_seq, prev)
-        if not isinstance(ev, dict):
-            return ChainBreak(lineno, None, "not a JSON object"), (count, last_seq, prev)
-        seq = ev.get("seq")
-        if ev.get("prev") != prev:
-            return (
-                ChainBreak(lineno, seq, "does not follow the event before it (deleted, inserted or reordered)"),
-                (count, last_seq, prev),
-            )
-        if ev.get("hash") != _digest(ev):
-            return ChainBreak(lineno, seq, "content does not match its hash (edited)"), (count, last_seq, prev)
-        if seq != expect_seq:
-            return ChainBreak(lineno, seq, f"sequence number {seq}, expected {expect_seq}"), (count, last_seq, prev)
-        prev, expect_seq, count, last_seq = ev["hash"], expect_seq + 1, count + 1, seq
-        if keep is not None and seq in keep:
-            keep[seq] = prev
-    return None, (count, last_seq, prev)
+def _select(data: bytes, run: str | None) -> Iterator[dict[str, Any]]:
+    """The events in a segment's complete lines; with `run`, only its: a line without the run's
+    JSON string is passed over unparsed, which makes reading a segment for a run a byte search."""
+    end = data.rfind(b"\n") + 1
+    if run is None:
+        yield from (json.loads(raw) for raw in data[:end].splitlines() if raw.strip())
+        return
+    needle = json.dumps(run).encode()
+    i = data.find(needle, 0, end)
+    while i >= 0:
+        lo, hi = data.rfind(b"\n", 0, i) + 1, data.find(b"\n", i)
+        ev = json.loads(data[lo:hi])
+        if ev.get("run") == run:
+            yield ev
+        i = data.find(needle, hi, end)
+
+
+def _check_sealed_bytes(segments: Segments, seg: Segment) -> None:
+    try:
+        data = (segments.dir / seg.file).read_bytes()
+    except FileNotFoundError:
+        raise AirlockError(
+            f"not dropped: the sealed segment {segments.rel(seg.file)} is missing",
+            hint="`airlockd audit --verify` says what else is wrong; keep the log as it is for investigation",
+        ) from None
+    if hashlib.sha256(data).hexdigest() != seg.sha256:
+        raise AirlockError(
+            f"not dropped: {segments.rel(seg.file)} is not the segment that was sealed (SHA-256 differs)",
+            hint="`airlockd audit --verify` names the event; keep the log as it is for investigation",
+        )
+
+
+def _against_head(end: ChainEnd, head_seq: int, head_hash: str, where: str) -> ChainBreak | None:
+    """The end of a chain that holds, against the head file's last seq and hash."""
+    last_seq = end.last_seq
+    if last_seq is None or last_seq < head_seq:
+        return ChainBreak(
+            end.line + 1,
+            (last_seq + 1) if last_seq is not None else 0,
+            f"the log ends before seq {head_seq}, the last event written: events at its end were deleted",
+            where,
+        )
+    if last_seq > head_seq:
+        return ChainBreak(
+            max(1, end.line - (last_seq - head_seq) + 1),
+            head_seq + 1,
+            f"events after seq {head_seq} were not written by airlockd (appended to the log afterwards)",
+            where,
+        )
+    if end.last_hash != head_hash:
+        return ChainBreak(end.line, last_seq, "the last event is not the one airlockd wrote (replaced)", where)
+    return None

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from tinydb import Query, TinyDB
 from tinydb.storages import Storage
 
+from airlockd import runlines
 from airlockd.errors import NotFoundError, StateError, UsageError
 from airlockd.fsutil import LOCK_POLL_S, atomic_write_bytes
 from airlockd.records import AgentUsage, FileState, RunRecord, RunState, Transition
@@ -82,13 +83,7 @@ def _open(path: Path) -> TinyDB:
 NOT_READ = frozenset({"git-history", "symlink-escape"})
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_DAY = re.compile(r"r(\d{6})[0-9a-f]+")
-
-
-def day_of(run_id: str) -> str:
-    """The file a run's line and summary live in: the day in its id (`r` yymmdd hex)."""
-    m = _DAY.fullmatch(run_id)
-    return f"r{m.group(1)}" if m else "other"
+day_of = runlines.day_of
 
 
 class RunLine(BaseModel):
@@ -401,55 +396,29 @@ class Store:
         """Runs, newest first, filtered, at most `limit`; `before` (a run id) pages on. Reads the
         open lines and the days' lines from the newest until it has enough, never a record."""
         self._read_prepared()
-        cursor: tuple[float, str] | None = None
+        cursor = None
         if before:
-            prev = self.get_run(before)
+            row = runlines.find(self.state.index_file, self.state.history, before)
+            prev = RunLine.model_validate(row) if row else self.get_run(before)
             cursor = (prev.created_at, prev.id)
-
-        def keep(row: dict[str, Any]) -> RunLine | None:
-            line = RunLine.model_validate(row)
-            if states is not None and line.state not in states:
-                return None
-            if agent is not None and line.agent != agent:
-                return None
-            if since is not None and line.created_at < since:
-                return None
-            if cursor is not None and (line.created_at, line.id) >= cursor:
-                return None
-            return line
-
-        out: dict[str, RunLine] = {}
-        for row in self._open_rows():
-            if (line := keep(row)) is not None:
-                out[line.id] = line
-        wanted_settled = states is None or any(_settled(s) for s in states)
-        days = sorted((n[: -len(".json")] for n in _names(self.state.history)), reverse=True)
-        settled = 0
-        for day in days if wanted_settled else []:
-            if limit is not None and settled >= limit:
-                break
-            day_rows = _open(self.state.history / f"{day}.json").table("runs").all()
-            rows = [line for row in day_rows if (line := keep(row)) is not None]
-            for line in rows:
-                out.setdefault(line.id, line)
-            settled += len(rows)
-            if since is not None and day != "other" and _day_before(day, since):
-                break
-        ordered = sorted(out.values(), key=lambda x: (x.created_at, x.id), reverse=True)
-        return ordered[:limit] if limit is not None else ordered
+        rows = runlines.select(
+            self.state.index_file,
+            self.state.history,
+            limit=limit,
+            states=frozenset(s.value for s in states) if states is not None else None,
+            agent=agent,
+            since=since,
+            before=cursor,
+        )
+        return [RunLine.model_validate(r) for r in rows]
 
     def line(self, run_id: str) -> RunLine | None:
         """One run's line: from the open lines, else from its day's."""
-        q = Query().id == run_id
-        for path, table in ((self.state.index_file, "open"), (self.state.history / f"{day_of(run_id)}.json", "runs")):
-            if path.exists() and (row := _open(path).table(table).get(q)) is not None:
-                return RunLine.model_validate(row)
-        return None
+        row = runlines.find(self.state.index_file, self.state.history, run_id)
+        return RunLine.model_validate(row) if row else None
 
     def _open_rows(self) -> list[dict[str, Any]]:
-        if not self.state.index_file.exists():
-            return []
-        return [dict(r) for r in _open(self.state.index_file).table("open").all()]
+        return runlines.table(self.state.index_file, "open")
 
     def open_runs(self, states: frozenset[RunState] | None = None) -> list[RunRecord]:
         """The full records of the runs still open (live or proposed), oldest first."""
@@ -529,17 +498,6 @@ class Store:
         with self.tx() as tx:
             tx.changed.append("")  # a change a follower reads the agents for
             return update_agent_in(tx.index, name, fn)
-
-
-def _names(folder: Path) -> list[str]:
-    try:
-        return [n for n in os.listdir(folder) if n.endswith(".json")]
-    except FileNotFoundError:
-        return []
-
-
-def _day_before(day: str, at: float) -> bool:
-    return day < "r" + time.strftime("%y%m%d", time.localtime(at - 86400))
 
 
 def _agent_in(db: TinyDB, name: str) -> AgentUsage:

@@ -55,8 +55,9 @@ def cmd_execute(args: argparse.Namespace) -> Any:
 
 def cmd_runs(args: argparse.Namespace) -> Any:
     from airlockd.cli.listing import list_runs
+    from airlockd.state import StateDir
 
-    return list_runs(args, service(args).store)
+    return list_runs(args, StateDir.for_workspace(Path(args.workspace)))
 
 
 def cmd_gc(args: argparse.Namespace) -> Any:
@@ -499,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from airlockd.cli.streams import escape_output
 
         escape_output()  # a person reads this: nothing an agent wrote may act on the terminal
-    if args.command not in _ROUTED:  # those log only once they act alone (`_service`)
+    if args.command not in _ROUTED | {"runs"}:  # those log only once they act (`_service`, listing)
         log_to_stderr(args)
     try:
         return _emit(args.fn(args), args.json)

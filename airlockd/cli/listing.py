@@ -8,9 +8,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+from airlockd import runlines
 from airlockd.errors import UsageError
-from airlockd.records import RunState
-from airlockd.store import RunLine, Store
+from airlockd.state import StateDir
 
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)([dhm])")
 _UNIT = {"d": 86400, "h": 3600, "m": 60}
@@ -29,40 +29,51 @@ def parse_since(text: str, now: float | None = None) -> float:
         ) from None
 
 
-def parse_states(values: list[str] | None) -> frozenset[RunState] | None:
+def parse_states(values: list[str] | None) -> frozenset[str] | None:
     if not values:
         return None
-    names = [v.strip() for value in values for v in value.split(",") if v.strip()]
-    try:
-        return frozenset(RunState(n) for n in names)
-    except ValueError:
-        known = ", ".join(s.value for s in RunState)
-        raise UsageError(f"--state {','.join(names)!r}: not a run state", hint=f"the states: {known}") from None
+    names = frozenset(v.strip() for value in values for v in value.split(",") if v.strip())
+    if wrong := sorted(names - set(runlines.STATES)):
+        raise UsageError(
+            f"--state {','.join(wrong)!r}: not a run state", hint=f"the states: {', '.join(runlines.STATES)}"
+        )
+    return names
 
 
-def line_json(line: RunLine) -> dict[str, Any]:
-    return line.model_dump(mode="json", exclude={"owner_pid", "owner_start"})
+def list_runs(args: argparse.Namespace, state: StateDir) -> Any:
+    """A page of lines read with `json` alone (airlockd/runlines.py): no model, no record."""
+    if state.store.exists():  # a store of the first layout: converted first, by the store
+        from airlockd.cli.decide import log_to_stderr
+        from airlockd.store import Store
 
-
-def list_runs(args: argparse.Namespace, store: Store) -> Any:
+        log_to_stderr(args)
+        Store(state).lines(limit=1)
     limit = None if args.all else args.limit
-    lines = store.lines(
+    cursor = None
+    if args.before:
+        row = runlines.find(state.index_file, state.history, args.before)
+        if row is None:
+            raise UsageError(f"--before {args.before!r}: no such run", hint="give a full run id from a listing")
+        cursor = (float(row["created_at"]), str(row["id"]))
+    rows = runlines.select(
+        state.index_file,
+        state.history,
         limit=None if limit is None else limit + 1,  # one more: whether there is a next page
         states=parse_states(args.state),
         agent=args.agent,
         since=parse_since(args.since) if args.since else None,
-        before=args.before,
+        before=cursor,
     )
-    more = limit is not None and len(lines) > limit
-    lines = lines[:limit] if limit is not None else lines
+    more = limit is not None and len(rows) > limit
+    rows = rows[:limit] if limit is not None else rows
     if args.json:
-        return [line_json(line) for line in lines]
-    for r in lines:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
-        kept = "  (compacted)" if r.compacted else ""
-        print(f"{r.id}  {when}  {r.agent:12} {r.state.value:22} {r.files:3} changes  {r.prompt[:50]!r}{kept}")
+        return [{k: v for k, v in r.items() if k not in ("owner_pid", "owner_start")} for r in rows]
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(r["created_at"])))
+        kept = "  (compacted)" if r.get("compacted") else ""
+        print(f"{r['id']}  {when}  {r['agent']:12} {r['state']:22} {r['files']:3} changes  {r['prompt'][:50]!r}{kept}")
     if more:
-        print(f"… older runs: airlockd runs --before {lines[-1].id}")
+        print(f"… older runs: airlockd runs --before {rows[-1]['id']}")
     return None
 
 

@@ -399,3 +399,11 @@ def _holds(svc: Service, runs: dict[str, RunRecord], live: str) -> None:
         assert [p for p in svc.state.backups.iterdir() if p.name.startswith(runs[key].id)]
     assert store.get_run(live).state is RunState.RUNNING
     assert svc.audit.verify() is None
+
+
+def test_the_listings_state_names_are_the_run_states() -> None:
+    from airlockd import runlines
+    from airlockd.records import LIVE_STATES
+
+    assert tuple(s.value for s in RunState) == runlines.STATES
+    assert set(runlines.LIVE) == {s.value for s in LIVE_STATES}

@@ -147,11 +147,13 @@ def _verify_audit(svc: Any, args: argparse.Namespace) -> Any:
 
     brk = svc.audit.verify()
     if brk is not None:
+        where = f"{brk.file} " if brk.file else ""
         raise AirlockError(
-            f"audit chain broken at line {brk.line} (seq {brk.seq}): {brk.problem}",
+            f"audit chain broken at {where}line {brk.line} (seq {brk.seq}): {brk.problem}",
             hint="the audit log was edited after it was written; keep a copy for investigation",
             line=brk.line,
             seq=brk.seq,
+            file=brk.file,
         )
     if args.public_key_file:
         try:
@@ -170,7 +172,7 @@ def _verify_audit(svc: Any, args: argparse.Namespace) -> Any:
             events=check.events,
         )
     unproven = []
-    if check.last_seq is None or check.last_seq < check.events - 1:
+    if check.last_seq is None or check.last_seq < check.dropped + check.events - 1:
         after = "all events" if check.last_seq is None else f"events after seq {check.last_seq}"
         unproven.append(f"{after} rest on the head file alone (no signed checkpoint covers them yet)")
     if not args.public_key_file:
@@ -181,6 +183,7 @@ def _verify_audit(svc: Any, args: argparse.Namespace) -> Any:
     out = {
         "ok": True,
         "events": check.events,
+        "dropped": check.dropped,
         "checkpoints": check.checkpoints,
         "lastCheckpoint": check.last_seq,
         "key": source,
@@ -188,7 +191,8 @@ def _verify_audit(svc: Any, args: argparse.Namespace) -> Any:
     }
     if args.json:
         return out
-    print(f"audit chain intact: {check.events} events (none edited, removed, inserted or reordered)")
+    earlier = f"; {check.dropped} earlier ones dropped by retention under signed anchors" if check.dropped else ""
+    print(f"audit chain intact: {check.events} events (none edited, removed, inserted or reordered{earlier})")
     print("head: the log ends with the last event airlockd wrote")
     covered = f", the last covering seq {check.last_seq}" if check.last_seq is not None else ""
     print(f"signed checkpoints: {check.checkpoints} verified with {source}{covered}")
@@ -211,8 +215,10 @@ def cmd_audit(args: argparse.Namespace) -> Any:
         if not check.ok:
             raise AirlockError(f"export NOT verified: {check.problem}", events=check.events)
         if args.json:
-            return {"ok": True, "events": check.events}
+            return {"ok": True, "events": check.events, "firstSeq": check.first_seq}
         print(f"export verified: signature valid, {check.events} events, hash chain intact")
+        if check.first_seq:
+            print(f"it starts at seq {check.first_seq}: the events before were dropped by retention before the export")
         return None
     svc = service(args)
     if args.public_key:

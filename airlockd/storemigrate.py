@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,25 +54,42 @@ def migrate(state: StateDir) -> int:
     opened: dict[str, Any] = {}
     for rec in sorted(runs, key=lambda r: r.created_at):
         doc = rec.model_dump(mode="json")
-        atomic_write_bytes(state.record(rec.id), json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
+        put(state.record(rec.id), json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
         line = line_of(rec)
         if _settled(rec.state):
             days[day_of(rec.id)][str(len(days[day_of(rec.id)]) + 1)] = line
         else:
             opened[str(len(opened) + 1)] = line
     for day, rows in days.items():
-        atomic_write_bytes(state.history / f"{day}.json", json.dumps({"runs": rows}, separators=(",", ":")).encode())
-    syncfs(state.root)
+        put(state.history / f"{day}.json", json.dumps({"runs": rows}, separators=(",", ":")).encode())
+    syncfs(state.root)  # one barrier for them all, before the index that makes them the store
     index = {
         "open": opened,
         "agents": {str(n): a.model_dump(mode="json") for n, a in enumerate(agents, 1)},
         "meta": {"1": {"serial": 1, "recent": []}},
     }
-    atomic_write_bytes(state.index_file, json.dumps(index, separators=(",", ":")).encode())
+    put(state.index_file, json.dumps(index, separators=(",", ":")).encode(), sync=True)
     old.unlink()
     fsync_dir(state.root)
     log.info("store converted to the current layout: %d runs, %d agents", len(runs), len(agents))
     return len(runs)
+
+
+def put(path: Path, data: bytes, sync: bool = False) -> None:
+    """Replace `path` with `data` (readers see the old or the new file); fsynced only with `sync`:
+    the records and lines are flushed together by one `syncfs` before the index is written."""
+    if sync:
+        atomic_write_bytes(path, data)
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def _table(data: Any, name: str) -> list[Any]:

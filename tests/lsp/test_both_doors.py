@@ -181,3 +181,35 @@ async def test_stop_from_the_cli_of_an_editors_run(editor: LanguageClient) -> No
         what="the run killed",
     )
     assert audit_by(c, run_id, "run.kill_requested") == ["cli"]
+
+
+async def test_listing_and_retention_by_either_door(editor: LanguageClient) -> None:
+    c: Any = editor
+    code, lines, err = await cli(c, "runs", "--all")
+    assert code == 0 and len(lines) >= 4, err
+    listed = await command(c, "airlock.listRuns", {"limit": 10_000})
+    assert [r["runId"] for r in listed] == [x["id"] for x in lines]  # one order: newest first
+    for state in ("rejected", "undone", "killed"):
+        code, mine, err = await cli(c, "runs", "--state", state)
+        theirs = await command(c, "airlock.listRuns", {"state": [state]})
+        assert code == 0 and [r["runId"] for r in theirs] == [x["id"] for x in mine], err
+    page = await command(c, "airlock.listRuns", {"limit": 2, "before": listed[0]["runId"]})
+    assert [r["runId"] for r in page] == [r["runId"] for r in listed[1:3]]
+    with pytest.raises(Exception, match="state"):
+        await command(c, "airlock.listRuns", {"state": ["nonsense"]})
+    # compact all but the newest finished run from the terminal; the editor still shows them all
+    policy = c.ws / "policies.toml"
+    policy.write_text(policy.read_text() + "\n[retention]\nkeep_runs = 1\n")
+    code, dry, err = await cli(c, "gc")
+    assert code == 0 and not dry["applied"] and dry["runs"], err
+    code, done, err = await cli(c, "gc", "--apply")
+    assert code == 0 and {r["id"] for r in done["runs"]} == {r["id"] for r in dry["runs"]}, err
+    gone = done["runs"][0]["id"]
+    after = await command(c, "airlock.listRuns", {"limit": 10_000})
+    assert [(r["runId"], r["state"]) for r in after] == [(r["runId"], r["state"]) for r in listed]
+    shown = await command(c, "airlock.getEvidence", {"runId": gone})
+    assert shown["runId"] == gone and shown["state"] == done["runs"][0]["state"]
+    code, out, err = await cli(c, "show", gone)
+    assert code == 0 and out["compacted_at"], err
+    code, out, err = await cli(c, "audit", "--verify")
+    assert code == 0 and out["ok"], err

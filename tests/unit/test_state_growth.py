@@ -84,17 +84,17 @@ def test_a_crash_during_conversion_leaves_the_old_store_and_the_next_start_conve
     from airlockd import storemigrate
 
     _, state = _v1_workspace(tmp_path)
-    real = storemigrate.atomic_write_bytes
+    real = storemigrate.put
     for n in range(1, 20):
         calls = {"n": 0}
 
-        def crashing(path: Path, data: bytes, mode: int = 0o600, n: int = n, calls: dict[str, int] = calls) -> None:
+        def crashing(path: Path, data: bytes, sync: bool = False, n: int = n, calls: dict[str, int] = calls) -> None:
             calls["n"] += 1
             if calls["n"] == n:
                 raise KeyboardInterrupt  # the process dies here
-            real(path, data, mode)
+            real(path, data, sync)
 
-        monkeypatch.setattr(storemigrate, "atomic_write_bytes", crashing)
+        monkeypatch.setattr(storemigrate, "put", crashing)
         try:
             lines = Store(state).lines()
         except KeyboardInterrupt:

@@ -292,7 +292,8 @@ def test_quarantine_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         )
     ]
     assert created == [], created
-    runs = Service(ws).store.list_runs()
+    store = Service(ws).store
+    runs = [store.get_run(line.id) for line in store.lines()]
     refused = [r for r in runs if r.state.value == "rejected_at_admission"]
     assert len(refused) == 1 and not refused[0].container
 
@@ -349,5 +350,5 @@ def test_admission_race(tmp_path: Path) -> None:
     assert (a, r) == (5, 15), outcomes
     svc = Service(ws)
     assert svc.store.get_agent("bot").runs_used == 5
-    states = [rec.state.value for rec in svc.store.list_runs()]
+    states = [line.state.value for line in svc.store.lines()]
     assert states.count("admitted") == 5 and states.count("rejected_at_admission") == 15

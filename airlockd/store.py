@@ -20,6 +20,7 @@ use (airlockd/storemigrate.py).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -39,6 +40,9 @@ from airlockd.fsutil import LOCK_POLL_S, atomic_write_bytes
 from airlockd.records import AgentUsage, FileState, RunRecord, RunState, Transition
 from airlockd.state import StateDir
 
+log = logging.getLogger(__name__)
+
+LINE_PATHS = 64  # withheld paths a line keeps
 RECENT = 1024  # ids of the last changes the index keeps for followers
 ANY = Query().noop()
 
@@ -46,13 +50,15 @@ ANY = Query().noop()
 class _SnapshotStorage(Storage):
     """The whole file read once; written back atomically on close if changed."""
 
-    def __init__(self, path: Path, fsync: bool = True) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._fsync = fsync
         try:
-            self._data: dict[str, Any] | None = json.loads(path.read_bytes())
+            data = json.loads(path.read_bytes())
         except FileNotFoundError:
-            self._data = None
+            data = None
+        if data is not None and not (isinstance(data, dict) and all(isinstance(t, dict) for t in data.values())):
+            raise ValueError("it does not hold tinydb's tables (a JSON object of objects)")
+        self._data: dict[str, Any] | None = data
         self._dirty = False
 
     def read(self) -> dict[str, Any] | None:
@@ -62,19 +68,30 @@ class _SnapshotStorage(Storage):
         self._data = data
         self._dirty = True
 
-    def close(self) -> None:
-        if self._dirty and self._data is not None:
+    def flush(self) -> None:
+        """Write what it holds now (and again at close if it changes after)."""
+        if self._data is not None:
             atomic_write_bytes(self._path, json.dumps(self._data, separators=(",", ":")).encode())
+
+    def close(self) -> None:
+        if self._dirty:
+            self.flush()
 
 
 def _open(path: Path) -> TinyDB:
     try:
         return TinyDB(path, storage=_SnapshotStorage)
-    except json.JSONDecodeError as exc:
-        raise StateError(
-            f"the store file {path} is not valid JSON ({exc.msg} at character {exc.pos})",
-            hint="restore it from a backup, or move it aside to start that part of the store afresh",
-        ) from None
+    except ValueError as exc:  # JSONDecodeError is one
+        raise StateError(f"the store file {path} is unreadable: {exc}", hint=unreadable_hint(path)) from None
+
+
+def unreadable_hint(path: Path) -> str:
+    if path.name == "index.json":
+        return (
+            "restore it from a backup, or move it aside: the next command rebuilds the runs' lines from their"
+            " records (the agents' usage and quarantine then start afresh: check `airlockd agents`)"
+        )
+    return "restore it from a backup, or move it aside: the runs' records are kept, `airlockd gc --apply` rewrites it"
 
 
 # Withheld for what they are, not what they hold: a repository's history (git's own files, hook
@@ -104,6 +121,7 @@ class RunLine(BaseModel):
     owner_pid: int | None = None
     owner_start: int | None = None
     withheld: int = 0
+    withheld_paths: list[str] = []  # the first LINE_PATHS of them that are read for values (recent_withheld)
     compacted: bool = False
 
 
@@ -123,6 +141,9 @@ def line_of(rec: RunRecord) -> dict[str, Any]:
         owner_pid=rec.owner_pid if rec.state.live else None,
         owner_start=rec.owner_start if rec.state.live else None,
         withheld=len(rec.withheld),
+        withheld_paths=[
+            w["path"] for w in rec.withheld if isinstance(w, dict) and "path" in w and w.get("rule") not in NOT_READ
+        ][:LINE_PATHS],
         compacted=rec.compacted_at is not None,
     ).model_dump(mode="json")
 
@@ -139,7 +160,9 @@ class Tx:
         self.index = _open(state.index_file)
         self._days: dict[str, TinyDB] = {}
         self._records: dict[str, dict[str, Any] | None] = {}  # id -> doc to write (None: delete)
-        self.changed: list[str] = []
+        self.changed: list[str] = []  # what followers are told of
+        self.touched = False  # the index is rewritten (its serial moves) even with nothing to tell
+        self.pending: list[str] = []  # runs whose lines the open lines' check would not find after a crash
 
     def day(self, day: str) -> TinyDB:
         if day not in self._days:
@@ -152,27 +175,46 @@ class Tx:
             return RunRecord.model_validate(doc)
         return _read_record(self.state, run_id)
 
-    def put(self, rec: RunRecord) -> None:
+    def put(self, rec: RunRecord, announce: bool = True) -> None:
         self._records[rec.id] = rec.model_dump(mode="json")
         line, q = line_of(rec), Query().id == rec.id
         opened = self.index.table("open")
+        was_open = opened.get(q)
         if _settled(rec.state):
             table = self.day(day_of(rec.id)).table("runs")
             if table.get(q) != line:
                 table.upsert(line, q)
-            if opened.contains(q):
+            if was_open is not None:
                 opened.remove(q)
-        elif opened.get(q) != line:
-            opened.upsert(line, q)
-        self.changed.append(rec.id)
+            self.pending.append(rec.id)
+        else:
+            if was_open != line:
+                opened.upsert(line, q)
+            if was_open is None:
+                self.pending.append(rec.id)  # a new run: no open line to compare yet
+        self.touched = True
+        if announce:
+            self.changed.append(rec.id)
 
-    def drop_record(self, run_id: str) -> None:
+    def drop_record(self, run_id: str, announce: bool = True) -> None:
         self._records[run_id] = None
-        self.changed.append(run_id)
+        self.pending.append(run_id)
+        self.touched = True
+        if announce:
+            self.changed.append(run_id)
 
     def commit(self, checkpoint: Callable[[], None] = lambda: None) -> None:
         """Records first, then the days' lines, then the index; `checkpoint` between each (the
-        crash tests' kill points)."""
+        crash tests' kill points). A write whose lines the next start could not check against
+        the open lines (a new run, a settled one) first writes the index naming those runs
+        (`pending`): a crash before the end leaves their names, and the next start rewrites
+        their lines from their records."""
+        meta = self.index.table("meta")
+        row: dict[str, Any] = dict(meta.get(doc_id=1) or {"serial": 0, "recent": []})
+        if self.pending:
+            meta.upsert(_doc(1, {**row, "pending": sorted(set(self.pending) | set(row.get("pending") or []))}))
+            self.index.storage.flush()  # type: ignore[attr-defined]
+            checkpoint()
         self.state.records.mkdir(mode=0o700, exist_ok=True)
         for run_id, doc in self._records.items():
             path = self.state.record(run_id)
@@ -186,12 +228,10 @@ class Tx:
         for db in self._days.values():
             db.close()
         checkpoint()
-        if self.changed:
-            meta = self.index.table("meta")
-            row: dict[str, Any] = dict(meta.get(doc_id=1) or {"serial": 0, "recent": []})
+        if self.touched or row.get("pending"):
             serial = int(row["serial"]) + 1
             recent = [*row["recent"], *([serial, r] for r in dict.fromkeys(self.changed))][-RECENT:]
-            meta.upsert(_doc(1, {"serial": serial, "recent": recent}))
+            meta.upsert(_doc(1, {"serial": serial, "recent": recent, "pending": []}))
         self.index.close()
 
 
@@ -215,7 +255,13 @@ def _read_record(state: StateDir, run_id: str) -> RunRecord:
             f"the record of run {run_id} ({path}) is not valid JSON ({exc.msg})",
             hint="restore it from a backup; the other runs are not affected",
         ) from None
-    rec = RunRecord.model_validate(next(iter(data["run"].values())))
+    try:
+        rec = RunRecord.model_validate(next(iter(data["run"].values())))
+    except (KeyError, TypeError, AttributeError, StopIteration, ValueError) as exc:  # ValidationError too
+        raise StateError(
+            f"the record of run {run_id} ({path}) is not a run record: {str(exc).splitlines()[0]}",
+            hint="restore it from a backup; the other runs are not affected",
+        ) from None
     if rec.state.live:
         try:
             sample = json.loads(state.live_sample(run_id).read_bytes())
@@ -248,26 +294,40 @@ class Store:
         lines back in line with their records after a crash between the two."""
         if self._ready:
             return
-        from airlockd.storemigrate import migrate
+        from airlockd.storemigrate import migrate, rebuild
 
         migrate(self.state)
+        if not self.state.index_file.exists() and (_names(self.state.records) or _names(self.state.summaries)):
+            rebuild(self.state)  # the index was lost or moved aside: the lines come back from the records
         if self.state.index_file.exists():
             tx = Tx(self.state)
-            for line in tx.index.table("open").all():
+            meta: dict[str, Any] = dict(tx.index.table("meta").get(doc_id=1) or {})
+            pending = set(meta.get("pending") or [])
+            opened = {str(r["id"]): dict(r) for r in tx.index.table("open").all()}
+            for run_id in sorted(pending | set(opened)):
                 try:
-                    rec = _read_record(self.state, str(line["id"]))
+                    rec = _read_record(self.state, run_id)
                 except NotFoundError:
-                    tx.index.table("open").remove(Query().id == line["id"])
-                    tx.changed.append(str(line["id"]))
+                    if (summary := self.summary(run_id)) is not None:
+                        tx.put(summary)
+                    elif run_id in opened:
+                        tx.index.table("open").remove(Query().id == run_id)
+                        tx.touched = True
+                        tx.changed.append(run_id)
                     continue
-                if line_of(rec) != dict(line):
+                except StateError as exc:  # a broken record: its line stays; the error names it when it is read
+                    log.warning("%s", exc.message)
+                    continue
+                if run_id in pending or line_of(rec) != opened.get(run_id):
                     tx.put(rec)
             tx._records.clear()  # the records are right; only the lines move
             tx.commit()
         self._ready = True
 
     def _read_prepared(self) -> None:
-        if not self._ready and (self.state.store.exists() or not self.state.index_file.exists()):
+        """A reader's first look: a store to convert, or runs a crash left pending, are taken care
+        of under the lock first; else nothing is written."""
+        if not self._ready and runlines.to_prepare(self.state):
             with self.tx():
                 pass
         self._ready = True
@@ -371,9 +431,9 @@ class Store:
                 table.insert_multiple(r.model_dump(mode="json") for r in recs if r.id not in have)
                 db.close()
                 checkpoint()
-            for rec in out:
-                tx.put(rec)
-                tx.drop_record(rec.id)
+            for rec in out:  # nothing a follower announces changed: state and review are as they were
+                tx.put(rec, announce=False)
+                tx.drop_record(rec.id, announce=False)
             return out
 
     def put_sample(self, run_id: str, sample: dict[str, Any]) -> None:
@@ -414,6 +474,7 @@ class Store:
 
     def line(self, run_id: str) -> RunLine | None:
         """One run's line: from the open lines, else from its day's."""
+        self._read_prepared()
         row = runlines.find(self.state.index_file, self.state.history, run_id)
         return RunLine.model_validate(row) if row else None
 
@@ -455,9 +516,13 @@ class Store:
         staged = [line for line in self.lines(limit=200) if line.withheld][:runs]
         out = set()
         for line in staged:
-            try:
-                rec = self.get_run_exact(line.id)
-            except NotFoundError:
+            out |= set(line.withheld_paths)
+            if len(line.withheld_paths) < LINE_PATHS or line.compacted:
+                continue  # the line holds them all (a compacted run's summary is not read for this)
+            try:  # more than a line keeps: its record
+                rec = _read_record(self.state, line.id)
+            except (NotFoundError, StateError) as exc:
+                log.warning("withheld paths of run %s not read: %s", line.id, getattr(exc, "message", exc))
                 continue
             out |= {
                 w["path"] for w in rec.withheld if isinstance(w, dict) and "path" in w and w.get("rule") not in NOT_READ
@@ -511,3 +576,10 @@ def update_agent_in(db: TinyDB, name: str, fn: Callable[[AgentUsage], None]) -> 
     fn(usage)
     table.upsert(usage.model_dump(mode="json"), Query().name == name)
     return usage
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return [n for n in os.listdir(folder) if n.endswith(".json") and not n.endswith(".live.json")]
+    except FileNotFoundError:
+        return []

@@ -48,6 +48,17 @@ def migrate(state: StateDir) -> int:
             f"the store {old} cannot be converted to the current layout: {str(exc).splitlines()[0]}",
             hint="it is left as it was; restore it from a backup, or move it aside to start afresh",
         ) from None
+    from airlockd.store import _ID
+
+    seen: set[str] = set()
+    for rec in runs:
+        if not _ID.fullmatch(rec.id) or rec.id in seen:
+            why = "is not a run id (letters, digits, - and _)" if rec.id not in seen else "is there twice"
+            raise StateError(
+                f"the store {old} cannot be converted to the current layout: the run {rec.id[:80]!r} {why}",
+                hint="it is left as it was; correct or remove that run in it, or restore it from a backup",
+            )
+        seen.add(rec.id)
     for d in (state.records, state.history):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     days: dict[str, dict[str, Any]] = defaultdict(dict)
@@ -73,6 +84,44 @@ def migrate(state: StateDir) -> int:
     fsync_dir(state.root)
     log.info("store converted to the current layout: %d runs, %d agents", len(runs), len(agents))
     return len(runs)
+
+
+def rebuild(state: StateDir) -> int:
+    """The index and the days' lines written again from the records and the summaries (the index
+    was lost, or moved aside because it could not be read). The agents' usage and quarantine are
+    not in any record: they start afresh, and the log says so. The caller holds the lock."""
+    from airlockd.store import _open, _read_record, _settled, day_of, line_of
+
+    days: dict[str, dict[str, Any]] = defaultdict(dict)
+    opened: dict[str, Any] = {}
+    recs = []
+    for name in sorted(os.listdir(state.records)) if state.records.is_dir() else []:
+        if name.endswith(".json") and not name.endswith(".live.json") and not name.startswith("."):
+            try:
+                recs.append(_read_record(state, name[: -len(".json")]))
+            except StateError as exc:
+                log.warning("not in the rebuilt lines: %s", exc.message)
+    for name in sorted(os.listdir(state.summaries)) if state.summaries.is_dir() else []:
+        if name.endswith(".json"):
+            recs += [RunRecord.model_validate(r) for r in _open(state.summaries / name).table("runs").all()]
+    for rec in recs:
+        line = line_of(rec)
+        if _settled(rec.state):
+            days[day_of(rec.id)][str(len(days[day_of(rec.id)]) + 1)] = line
+        else:
+            opened[str(len(opened) + 1)] = line
+    state.history.mkdir(mode=0o700, exist_ok=True)
+    for day, rows in days.items():
+        put(state.history / f"{day}.json", json.dumps({"runs": rows}, separators=(",", ":")).encode())
+    syncfs(state.root)
+    index = {"open": opened, "agents": {}, "meta": {"1": {"serial": 1, "recent": []}}}
+    put(state.index_file, json.dumps(index, separators=(",", ":")).encode(), sync=True)
+    log.warning(
+        "the store's index was missing: rebuilt the lines of %d runs from their records; the agents' usage and"
+        " quarantine start afresh (see `airlockd agents`)",
+        len(recs),
+    )
+    return len(recs)
 
 
 def put(path: Path, data: bytes, sync: bool = False) -> None:

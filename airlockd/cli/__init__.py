@@ -63,7 +63,7 @@ def cmd_runs(args: argparse.Namespace) -> Any:
 def cmd_gc(args: argparse.Namespace) -> Any:
     from airlockd.runs.retention import collect
 
-    svc = service(args)
+    svc = service(args, recover=True)  # an interrupted commit is finished or rolled back first
     report = collect(svc, apply=args.apply)
     if args.json:
         return report

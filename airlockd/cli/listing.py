@@ -42,7 +42,7 @@ def parse_states(values: list[str] | None) -> frozenset[str] | None:
 
 def list_runs(args: argparse.Namespace, state: StateDir) -> Any:
     """A page of lines read with `json` alone (airlockd/runlines.py): no model, no record."""
-    if state.store.exists():  # a store of the first layout: converted first, by the store
+    if runlines.to_prepare(state):  # a store to convert, lines to rebuild or repair: by the store
         from airlockd.cli.decide import log_to_stderr
         from airlockd.store import Store
 

@@ -79,6 +79,13 @@ class ProposalContent:
 
     def _diff(self, run_id: str, path: str | None) -> str:
         rec = self.store.get_run(run_id)
+        if rec.compacted_at is not None:
+            from airlockd.errors import StateError
+
+            raise StateError(
+                f"run {rec.id} was compacted by retention: its contents are gone, only its summary is kept",
+                hint="`airlockd show` lists its changes and their digests; [retention] sets how long runs stay whole",
+            )
         parts = []
         for f in rec.files:
             if path and not under(f.path, path.strip("/")):

@@ -7,10 +7,11 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airlockd.errors import EngineError, NotFoundError, UsageError
+from airlockd.errors import AirlockError, EngineError, NotFoundError, UsageError
 from airlockd.interpreter import module_command
 from airlockd.pipeline.commit import recover
 from airlockd.records import LIVE_STATES, RunRecord, RunState
@@ -39,6 +40,9 @@ def reconcile(svc: Service) -> None:
     """A live run whose executing process is gone is reaped and recorded as failed; never
     silently forgotten. Its staging copy is kept for inspection."""
     for rec in svc.store.open_runs(LIVE_STATES):
+        if rec.owner_pid is None and rec.state is RunState.ADMITTED and time.time() - rec.created_at > UNCLAIMED_S:
+            fail_unclaimed(svc, rec)  # admitted, and no process ever took it: it holds an agent's slot
+            continue
         if rec.owner_pid is None or alive(rec.owner_pid, rec.owner_start):
             continue
         reaped = "no container was started"
@@ -63,6 +67,22 @@ def reconcile(svc: Service) -> None:
         for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
             (svc.state.run_dir(rec.id) / name).unlink(missing_ok=True)
         keep_for_inspection(svc, svc.lifecycle.transition(rec, RunState.FAILED, why, error=why))
+
+
+UNCLAIMED_S = 300.0  # an admitted run no process claimed within this long never will be
+
+
+def fail_unclaimed(svc: Service, rec: RunRecord) -> None:
+    why = f"admitted {time.time() - rec.created_at:.0f} s ago and never claimed by a process (it died before)"
+    svc.audit.append(
+        "recovery.reconciled", run=rec.id, agent=rec.agent, policy=rec.policy_revision, was=rec.state.value, why=why
+    )
+    for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
+        (svc.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+    try:
+        svc.lifecycle.transition(rec, RunState.FAILED, why, error=why)
+    except AirlockError as exc:  # claimed meanwhile after all
+        log.info("run %s not failed: %s", rec.id, exc.message)
 
 
 def sweep(svc: Service, folders: bool = True) -> dict[str, int]:
@@ -92,7 +112,11 @@ def sweep(svc: Service, folders: bool = True) -> dict[str, int]:
             shutil.rmtree(run_dir, ignore_errors=True)
             swept_folders += 1
         elif rec.state in decided and staged:
-            cleanup_staging(svc, rec)
+            try:
+                cleanup_staging(svc, rec)
+            except AirlockError as exc:  # a decision releasing the same copy meanwhile; the next sweep looks again
+                log.warning("staging of run %s not released by the sweep: %s", rec.id, exc.message)
+                continue
             staging += 1
     swept = {"containers": containers, "run_folders": swept_folders, "staging_copies": staging}
     if any(swept.values()):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airlockd.records import RunRecord, RunState
+from airlockd.records import RunRecord
 from airlockd.staging import capfs
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ def _step() -> None:
 
 def undo_open_until(svc: Service, rec: RunRecord) -> float | None:
     """Until when the run's applied changes can be undone (None: nothing to undo)."""
-    landed = [a.at for a in rec.applied if not a.undone]
-    if rec.state is not RunState.APPLIED or not landed:
+    landed = [a.at for a in rec.applied if not a.undone]  # an expired proposal may have landed some
+    if not landed:
         return None
     return max(landed) + svc.policy.retention.undo_days * DAY
 
@@ -64,6 +64,14 @@ def _size(path: Path) -> int:
                 with contextlib.suppress(FileNotFoundError):
                     total += os.lstat(os.path.join(root, name)).st_blocks * 512
     return total
+
+
+def journals(svc: Service, run_id: str) -> list[str]:
+    """The run's commit journals still in progress (their backups are what recovery needs)."""
+    try:
+        return [n for n in os.listdir(svc.state.journal) if n.startswith(f"{run_id}-")]
+    except FileNotFoundError:
+        return []
 
 
 def _backups(svc: Service, run_id: str) -> list[Path]:
@@ -100,6 +108,9 @@ def collect(svc: Service, *, apply: bool, now: float | None = None) -> dict[str,
         if not old and position < ret.keep_runs:
             continue
         rec = svc.store.get_run_exact(line.id)
+        if journals(svc, rec.id):
+            kept.append({"id": rec.id, "why": "a commit of it was interrupted: recovery must finish it first"})
+            continue
         until = undo_open_until(svc, rec)
         if until is not None and until + MARGIN_S > now:  # an undo may be starting just now
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(until))

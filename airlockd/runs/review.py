@@ -514,7 +514,12 @@ class Review:
         if not todo:
             raise StateError(f"run {rec.id} has nothing applied to undo")
         window = self._policy().retention.undo_days
-        if rec.compacted_at is not None or time.time() - max(a.at for a in todo) > window * 86400:
+        if rec.compacted_at is not None:
+            raise StateError(
+                f"run {rec.id} can no longer be undone: retention compacted it and removed its backups",
+                hint="[retention] in the policy sets how long runs stay whole; its changes are in `airlockd show`",
+            )
+        if time.time() - max(a.at for a in todo) > window * 86400:
             raise StateError(
                 f"run {rec.id} can no longer be undone: it landed more than {window:g} days ago, past the undo window",
                 hint="[retention] undo_days in the policy sets the window; its changes are in `airlockd show`",

@@ -298,6 +298,11 @@ class Service:
         run_mode = Mode(mode) if mode else self.policy.mode_for(agent)
         if follow_up:
             prev = self.store.get_run(follow_up)
+            if prev.compacted_at is not None:
+                raise StateError(
+                    f"run {prev.id} was compacted by retention: its session snapshot is gone",
+                    hint="start a new run (without --follow-up), or follow up on a more recent one",
+                )
             if prev.agent != agent:
                 raise StateError(f"run {prev.id} belongs to agent {prev.agent!r}, not {agent!r}")
             follow_up = prev.id
@@ -307,7 +312,7 @@ class Service:
         if self.redactor.known_in(prompt):
             screened.secrets.append("withheld-value")
         self.redactor.learn(prompt)  # a bare copy of a secret it holds is masked from here on
-        run_id = "r" + time.strftime("%y%m%d") + secrets.token_hex(3)
+        run_id = "r" + time.strftime("%y%m%d", time.gmtime()) + secrets.token_hex(3)  # the UTC day: docs/state.md
         rec = RunRecord(
             id=run_id,
             agent=agent,

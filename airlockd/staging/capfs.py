@@ -74,6 +74,11 @@ def is_mount(path: Path) -> bool:
 
 
 def unmount(path: Path) -> None:
-    """Unmount (lazily, so a straggling reader cannot block cleanup); no-op if not mounted."""
+    """Unmount (lazily, so a straggling reader cannot block cleanup); no-op if not mounted, also
+    when another process (a decision, a sweep) unmounted it between the look and the unmount."""
     if is_mount(path):
-        _mount(["umount", "-l", str(path)])
+        try:
+            _mount(["umount", "-l", str(path)])
+        except CapError:
+            if is_mount(path):
+                raise

@@ -133,3 +133,27 @@ def test_an_event_of_any_size_is_bounded_and_says_what_was_cut(tmp_path: Path) -
     assert ev["data"]["paths"][-1] == "… 99800 more"
     assert "nested too deep" in json.dumps(ev["data"]["deep"])
     assert log.verify() is None
+
+
+def test_a_crash_between_an_event_and_its_checkpoint_is_made_good_at_the_next_append(
+    tmp_path: Path, key: Ed25519PrivateKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path, key, n=EVERY - 1)
+
+    def dies(seq: int, digest: str) -> None:
+        raise KeyboardInterrupt  # killed after the event and its head, before its checkpoint
+
+    with monkeypatch.context() as m:
+        m.setattr(log, "_checkpoint", dies)
+        with pytest.raises(KeyboardInterrupt):
+            log.append("event", run="r1", n=EVERY - 1)
+    assert not log.checkpoints.exists() and log.verify() is None
+    log.append("event", run="r1", n=EVERY)  # the next append writes the missed checkpoint first
+    marks = [json.loads(line)["seq"] for line in log.checkpoints.read_text().splitlines()]
+    assert marks == [EVERY - 1]
+    check = signing.verify_checkpoints(log, key.public_key())
+    assert check.ok and check.last_seq == EVERY - 1, check
+    for i in range(EVERY + 1, 2 * EVERY + 1):  # and no checkpoint is written twice after
+        log.append("event", run="r1", n=i)
+    marks = [json.loads(line)["seq"] for line in log.checkpoints.read_text().splitlines()]
+    assert marks == [EVERY - 1, 2 * EVERY - 1]

@@ -40,7 +40,7 @@ from airlockd.redact import Redactor
 CHECKPOINT_EVERY = 64
 MAX_STRING = 4096  # characters of one string in an event's data
 MAX_ITEMS = 200  # entries of one list or object in an event's data
-SEGMENT_BYTES = 4 << 20  # the active segment is sealed once it holds this much
+SEGMENT_BYTES = 1 << 20  # the active segment is sealed once it holds this much (a timeline reads it whole)
 Signer = Callable[[bytes], bytes]
 __all__ = ["GENESIS", "AuditLog", "ChainBreak", "ChainEnd", "bounded", "checkpoint_message", "verify_lines"]
 

@@ -62,7 +62,7 @@ def table(path: Path, name: str) -> list[dict[str, Any]]:
         return []
     except ValueError as exc:  # not JSON, or not UTF-8
         from airlockd.errors import StateError
-        from airlockd.store import unreadable_hint
+        from airlockd.storefiles import unreadable_hint
 
         raise StateError(f"the store file {path} is unreadable: {exc}", hint=unreadable_hint(path)) from None
     rows = data.get(name) if isinstance(data, dict) else None

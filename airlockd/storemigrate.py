@@ -23,6 +23,7 @@ from airlockd.errors import StateError
 from airlockd.fsutil import atomic_write_bytes, fsync_dir, syncfs
 from airlockd.records import AgentUsage, RunRecord
 from airlockd.state import StateDir
+from airlockd.storefiles import _ID, _open, _read_record, _settled, day_of, line_of
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ def migrate(state: StateDir) -> int:
         old.unlink()
         fsync_dir(state.root)
         return 0
-    from airlockd.store import _settled, day_of, line_of
-
     try:
         data = json.loads(old.read_bytes())
         runs = [RunRecord.model_validate(doc) for doc in _table(data, "runs")]
@@ -48,8 +47,6 @@ def migrate(state: StateDir) -> int:
             f"the store {old} cannot be converted to the current layout: {str(exc).splitlines()[0]}",
             hint="it is left as it was; restore it from a backup, or move it aside to start afresh",
         ) from None
-    from airlockd.store import _ID
-
     seen: set[str] = set()
     for rec in runs:
         if not _ID.fullmatch(rec.id) or rec.id in seen:
@@ -90,8 +87,6 @@ def rebuild(state: StateDir) -> int:
     """The index and the days' lines written again from the records and the summaries (the index
     was lost, or moved aside because it could not be read). The agents' usage and quarantine are
     not in any record: they start afresh, and the log says so. The caller holds the lock."""
-    from airlockd.store import _open, _read_record, _settled, day_of, line_of
-
     days: dict[str, dict[str, Any]] = defaultdict(dict)
     opened: dict[str, Any] = {}
     recs = []

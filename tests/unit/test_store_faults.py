@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
 
-from airlockd import store as store_module
+from airlockd import storefiles as store_module
 from airlockd.errors import StateError
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import recovery, retention

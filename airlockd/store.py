@@ -12,7 +12,8 @@ A line is what a listing prints (`RunLine`); records are the truth and lines are
 Every write holds one exclusive file lock for its read-modify-write and replaces each file it
 changes atomically: records first, the lines next, the index last, so a reader that sees a new
 serial sees what it names. A crash between two files of one write leaves a line behind its record;
-the next process to open the store brings the open lines back in line with their records.
+the next process to open the store brings the open lines, and the runs a write named pending in
+the index before it began, back in line with their records.
 Reads take no lock. A state directory of the first layout (one store.json) is converted on first
 use (airlockd/storemigrate.py). The files' formats, the line and the transaction are in
 airlockd/storefiles.py; reading lines with `json` alone in airlockd/runlines.py.

@@ -66,12 +66,14 @@ class Store:
         with self._lock.acquire(poll_interval=LOCK_POLL_S):
             self._prepare()
             tx = Tx(self.state)
+            if self._ready and (left := _pending(tx)):  # another process died inside a write since
+                self._repair(tx, left, {})
             yield tx
             tx.commit(checkpoint)
 
     def _prepare(self) -> None:
         """Under the lock, once per Store: convert a store of the first layout, and bring the open
-        lines back in line with their records after a crash between the two."""
+        lines, and the runs a crashed write named pending, back in line with their records."""
         if self._ready:
             return
         from airlockd.storemigrate import migrate, rebuild
@@ -81,28 +83,33 @@ class Store:
             rebuild(self.state)  # the index was lost or moved aside: the lines come back from the records
         if self.state.index_file.exists():
             tx = Tx(self.state)
-            meta: dict[str, Any] = dict(tx.index.table("meta").get(doc_id=1) or {})
-            pending = set(meta.get("pending") or [])
             opened = {str(r["id"]): dict(r) for r in tx.index.table("open").all()}
-            for run_id in sorted(pending | set(opened)):
-                try:
-                    rec = _read_record(self.state, run_id)
-                except NotFoundError:
-                    if (summary := self.summary(run_id)) is not None:
-                        tx.put(summary)
-                    elif run_id in opened:
-                        tx.index.table("open").remove(Query().id == run_id)
-                        tx.touched = True
-                        tx.changed.append(run_id)
-                    continue
-                except StateError as exc:  # a broken record: its line stays; the error names it when it is read
-                    log.warning("%s", exc.message)
-                    continue
-                if run_id in pending or line_of(rec) != opened.get(run_id):
-                    tx.put(rec)
+            self._repair(tx, _pending(tx), opened)
             tx._records.clear()  # the records are right; only the lines move
             tx.commit()
         self._ready = True
+
+    def _repair(self, tx: Tx, pending: set[str], opened: dict[str, dict[str, Any]]) -> None:
+        """The lines of `pending` runs, and of open ones that differ, written again from their
+        records (or summaries); a line whose run is gone leaves the open lines. Records untouched."""
+        for run_id in sorted(pending | set(opened)):
+            try:
+                rec = _read_record(self.state, run_id)
+            except NotFoundError:
+                if (summary := self.summary(run_id)) is not None:
+                    tx.put(summary)
+                elif tx.index.table("open").contains(Query().id == run_id):
+                    tx.index.table("open").remove(Query().id == run_id)
+                    tx.touched = True
+                    tx.changed.append(run_id)
+                continue
+            except StateError as exc:  # a broken record: its line stays; the error names it when it is read
+                log.warning("%s", exc.message)
+                continue
+            if run_id in pending or line_of(rec) != opened.get(run_id):
+                tx.put(rec)
+        for run_id in pending | set(opened):
+            tx._records.pop(run_id, None)  # only the lines move
 
     def _read_prepared(self) -> None:
         """A reader's first look: a store to convert, or runs a crash left pending, are taken care
@@ -356,6 +363,11 @@ def update_agent_in(db: TinyDB, name: str, fn: Callable[[AgentUsage], None]) -> 
     fn(usage)
     table.upsert(usage.model_dump(mode="json"), Query().name == name)
     return usage
+
+
+def _pending(tx: Tx) -> set[str]:
+    meta: dict[str, Any] = dict(tx.index.table("meta").get(doc_id=1) or {})
+    return set(meta.get("pending") or [])
 
 
 def _names(folder: Path) -> list[str]:

@@ -227,3 +227,18 @@ def test_compaction_moves_the_serial_and_tells_followers_nothing(tmp_path: Path)
     assert after == serial + 1 and ids == []
     line = svc.store.line(newer.id)
     assert line is not None and line.compacted
+
+
+def test_a_long_lived_store_repairs_what_another_process_left_pending_before_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, rec = _applied(tmp_path)  # svc.store: a daemon's, prepared long ago
+    other = Store(svc.state)  # a CLI process that dies inside its undo's write
+    _crash_when_closing(monkeypatch, "history")
+    with pytest.raises(KeyboardInterrupt):
+        other.update_run(rec.id, lambda r: setattr(r, "state", RunState.UNDONE))
+    monkeypatch.undo()
+    svc.store.update_agent("bot", lambda u: None)  # the daemon's next write, about something else
+    line = svc.store.line(rec.id)
+    assert line is not None and line.state is RunState.UNDONE
+    assert json.loads(svc.state.index_file.read_text())["meta"]["1"]["pending"] == []

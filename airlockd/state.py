@@ -60,10 +60,6 @@ class StateDir(NamedTuple):
     def records(self) -> Path:
         return self.root / "records"
 
-    @property
-    def summaries(self) -> Path:
-        return self.root / "summaries"
-
     def record(self, run_id: str) -> Path:
         return self.records / f"{run_id}.json"
 

@@ -6,7 +6,8 @@ index, never the whole history (docs/state.md).
     history/<day>.json     the lines of the settled runs admitted that day
     records/<id>.json      one run's full record
     records/<id>.live.json the last sample of a live run (written each second, never fsynced)
-    summaries/<day>.json   the records of compacted runs admitted that day (runs/retention.py)
+
+A compacted run (runs/retention.py) keeps its record file, as its summary (`compacted_at` set).
 
 A line is what a listing prints (`RunLine`); records are the truth and lines are derived from them.
 Every write holds one exclusive file lock for its read-modify-write and replaces each file it
@@ -47,7 +48,6 @@ from airlockd.storefiles import (
     _open,
     _read_record,
     _settled,
-    day_of,
     line_of,
 )
 
@@ -79,7 +79,7 @@ class Store:
         from airlockd.storemigrate import migrate, rebuild
 
         migrate(self.state)
-        if not self.state.index_file.exists() and (_names(self.state.records) or _names(self.state.summaries)):
+        if not self.state.index_file.exists() and _names(self.state.records):
             rebuild(self.state)  # the index was lost or moved aside: the lines come back from the records
         if self.state.index_file.exists():
             tx = Tx(self.state)
@@ -91,14 +91,12 @@ class Store:
 
     def _repair(self, tx: Tx, pending: set[str], opened: dict[str, dict[str, Any]]) -> None:
         """The lines of `pending` runs, and of open ones that differ, written again from their
-        records (or summaries); a line whose run is gone leaves the open lines. Records untouched."""
+        records; a line whose run is gone leaves the open lines. Records untouched."""
         for run_id in sorted(pending | set(opened)):
             try:
                 rec = _read_record(self.state, run_id)
             except NotFoundError:
-                if (summary := self.summary(run_id)) is not None:
-                    tx.put(summary)
-                elif tx.index.table("open").contains(Query().id == run_id):
+                if tx.index.table("open").contains(Query().id == run_id):
                     tx.index.table("open").remove(Query().id == run_id)
                     tx.touched = True
                     tx.changed.append(run_id)
@@ -133,25 +131,10 @@ class Store:
         try:
             return _read_record(self.state, run_id)
         except NotFoundError:
-            pass
-        if (summary := self.summary(run_id)) is not None:
-            return summary
-        return self.get_run_exact(self._resolve(run_id))
+            return _read_record(self.state, self._resolve(run_id))
 
     def get_run_exact(self, run_id: str) -> RunRecord:
-        try:
-            return _read_record(self.state, run_id)
-        except NotFoundError:
-            if (summary := self.summary(run_id)) is not None:
-                return summary
-            raise
-
-    def summary(self, run_id: str) -> RunRecord | None:
-        path = self.state.summaries / f"{day_of(run_id)}.json"
-        if not path.exists():
-            return None
-        row = _open(path).table("runs").get(Query().id == run_id)
-        return RunRecord.model_validate(row) if row else None
+        return _read_record(self.state, run_id)
 
     def _resolve(self, prefix: str) -> str:
         if not prefix or not prefix.startswith("r"):
@@ -163,12 +146,6 @@ class Store:
                 for n in os.listdir(self.state.records)
                 if n.startswith(prefix) and n.endswith(".json") and not n.endswith(".live.json")
             }
-        if self.state.summaries.is_dir():
-            for n in os.listdir(self.state.summaries):
-                day = n[: -len(".json")]
-                if n.endswith(".json") and (day.startswith(prefix) or prefix.startswith(day)):
-                    found |= {r["id"] for r in _open(self.state.summaries / n).table("runs").all()}
-        found = {r for r in found if r.startswith(prefix)}
         if len(found) > 1:
             raise UsageError(f"run id {prefix!r} is ambiguous: {', '.join(sorted(found))}")
         if not found:
@@ -191,9 +168,9 @@ class Store:
             return rec
 
     def compact(self, run_ids: list[str], now: float, checkpoint: Callable[[], None] = lambda: None) -> list[RunRecord]:
-        """Finished runs reduced to their summaries (retention), in one transaction: the summaries
-        are written to their days' files first, then the records go and the lines say so, so a
-        crash between keeps one of the two and a second call finishes the first."""
+        """Finished runs reduced to their summaries (retention), in one transaction: each record
+        is replaced by its summary (`compacted_at` set, the blobs it named dropped: they go with
+        the run's folder, which the caller removes after), and its line says so."""
         with self.tx(checkpoint) as tx:
             out = []
             for run_id in run_ids:
@@ -205,22 +182,10 @@ class Store:
                     rec.compacted_at = now
                     rec.owner_pid = rec.owner_start = None
                     for f in rec.files:
-                        f.base_blob = None  # its blob went with the run's folder
+                        f.base_blob = None
                 out.append(rec)
-            by_day: dict[str, list[RunRecord]] = {}
-            for rec in out:
-                by_day.setdefault(day_of(rec.id), []).append(rec)
-            self.state.summaries.mkdir(mode=0o700, exist_ok=True)
-            for day, recs in by_day.items():
-                db = _open(self.state.summaries / f"{day}.json")
-                table = db.table("runs")
-                have = {str(r["id"]) for r in table.all()}
-                table.insert_multiple(r.model_dump(mode="json") for r in recs if r.id not in have)
-                db.close()
-                checkpoint()
             for rec in out:  # nothing a follower announces changed: state and review are as they were
                 tx.put(rec, announce=False)
-                tx.drop_record(rec.id, announce=False)
             return out
 
     def put_sample(self, run_id: str, sample: dict[str, Any]) -> None:
@@ -305,7 +270,7 @@ class Store:
         for line in staged:
             out |= set(line.withheld_paths)
             if len(line.withheld_paths) < LINE_PATHS or line.compacted:
-                continue  # the line holds them all (a compacted run's summary is not read for this)
+                continue  # the line holds them all (a compacted run's record is not read for this)
             try:  # more than a line keeps: its record
                 rec = _read_record(self.state, line.id)
             except (NotFoundError, StateError) as exc:

@@ -23,7 +23,7 @@ from airlockd.errors import StateError
 from airlockd.fsutil import atomic_write_bytes, fsync_dir, syncfs
 from airlockd.records import AgentUsage, RunRecord
 from airlockd.state import StateDir
-from airlockd.storefiles import _ID, _open, _read_record, _settled, day_of, line_of
+from airlockd.storefiles import _ID, _read_record, _settled, day_of, line_of
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def migrate(state: StateDir) -> int:
 
 
 def rebuild(state: StateDir) -> int:
-    """The index and the days' lines written again from the records and the summaries (the index
+    """The index and the days' lines written again from the records (the index
     was lost, or moved aside because it could not be read). The agents' usage and quarantine are
     not in any record: they start afresh, and the log says so. The caller holds the lock."""
     days: dict[str, dict[str, Any]] = defaultdict(dict)
@@ -96,9 +96,6 @@ def rebuild(state: StateDir) -> int:
                 recs.append(_read_record(state, name[: -len(".json")]))
             except StateError as exc:
                 log.warning("not in the rebuilt lines: %s", exc.message)
-    for name in sorted(os.listdir(state.summaries)) if state.summaries.is_dir() else []:
-        if name.endswith(".json"):
-            recs += [RunRecord.model_validate(r) for r in _open(state.summaries / name).table("runs").all()]
     for rec in recs:
         line = line_of(rec)
         if _settled(rec.state):

@@ -1,5 +1,5 @@
 """Retention: finished runs past the policy's `[retention]` are compacted to their summary (the
-record the evidence and the audit need, in its day's summaries file) and lose their folder (staging,
+record the evidence and the audit need, in the run's record file) and lose their folder (staging,
 base blobs, output), their backups and their record file; sealed audit segments past
 `audit_days` are dropped with an anchor that keeps the chain checkable (docs/state.md).
 
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airlockd.errors import AirlockError
 from airlockd.records import RunRecord
 from airlockd.staging import capfs
 
@@ -162,14 +163,21 @@ def _droppable(svc: Service, now: float, audit_days: float) -> list[str]:
 
 
 def compact(svc: Service, recs: list[RunRecord], now: float) -> None:
-    """Runs to their summaries in one store transaction, then their files gone, each step atomic."""
+    """Runs to their summaries in one store transaction, then their folders and backups gone, each step atomic."""
     _step()
-    svc.store.compact([rec.id for rec in recs], now, _step)  # the summaries are written before the records go
+    svc.store.compact([rec.id for rec in recs], now, _step)  # the summaries, before any folder goes
     _step()
     for rec in recs:
         for part in [svc.state.run_dir(rec.id), *_backups(svc, rec.id)]:
             _remove(part)
             _step()
+
+
+def _compacted(svc: Service, run_id: str) -> bool:
+    try:
+        return svc.store.get_run_exact(run_id).compacted_at is not None
+    except AirlockError:  # no such run (a stray folder: recovery's sweep), or a broken record
+        return False
 
 
 def sweep_compacted(svc: Service) -> int:
@@ -185,7 +193,7 @@ def sweep_compacted(svc: Service) -> int:
     for path in names:
         run_id = path.name if path.parent == svc.state.runs else path.name.split("-", 1)[0]
         if run_id not in gone:
-            gone[run_id] = not svc.state.record(run_id).exists() and svc.store.summary(run_id) is not None
+            gone[run_id] = _compacted(svc, run_id)
         if gone[run_id]:
             _remove(path)
             removed += 1

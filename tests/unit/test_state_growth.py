@@ -21,9 +21,10 @@ from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
 from airlockd.cli import main
 from airlockd.errors import StateError
 from airlockd.records import RunRecord, RunState
+from airlockd.runlines import day_of
 from airlockd.runs.service import Service
 from airlockd.state import StateDir
-from airlockd.store import Store, day_of
+from airlockd.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = REPO / "tests" / "fixtures" / "store-v1.json"
@@ -263,7 +264,7 @@ def test_gc_compacts_finished_runs_past_the_policy_and_keeps_what_is_still_neede
     code, done = cli(ws, "gc", "--apply", capsys=capsys)
     assert code == 0 and {r["id"] for r in done["runs"]} == compacted and done["bytes"] > 0
     for run_id in compacted:
-        assert not svc.state.record(run_id).exists() and not svc.state.run_dir(run_id).exists()
+        assert Store(svc.state).get_run(run_id).compacted_at and not svc.state.run_dir(run_id).exists()
         assert not [p for p in svc.state.backups.iterdir() if p.name.startswith(run_id)]
         code, shown = cli(ws, "show", run_id, capsys=capsys)  # the summary still holds the evidence
         assert code == 0 and shown["compacted_at"] and shown["evidence"]["run"] == run_id
@@ -337,7 +338,7 @@ def test_a_compaction_killed_at_every_step_loses_nothing_live_proposed_or_undoab
         _holds(svc, runs, live.id)
         store = Store(svc.state)
         for run_id in expected:
-            assert not svc.state.record(run_id).exists() and not svc.state.run_dir(run_id).exists()
+            assert not svc.state.run_dir(run_id).exists()
             assert store.get_run(run_id).compacted_at and store.line(run_id).compacted  # type: ignore[union-attr]
             assert not [p for p in svc.state.backups.iterdir() if p.name.startswith(run_id)]
     else:
@@ -392,6 +393,9 @@ def _holds(svc: Service, runs: dict[str, RunRecord], live: str) -> None:
         got = store.get_run(rec.id)
         assert got.state is rec.state or rec.state is RunState.PROPOSED
         assert got.compacted_at or got.files == rec.files or rec.state is RunState.PROPOSED
+        gone = not svc.state.run_dir(rec.id).exists() or not list(svc.state.backups.glob(f"{rec.id}-*"))
+        if gone and rec.applied:  # nothing goes before its record says so
+            assert got.compacted_at, rec.id
     for key in ("approve-4", "approve-5", "propose-6"):
         assert svc.state.record(runs[key].id).exists() and svc.state.run_dir(runs[key].id).is_dir()
         assert store.get_run(runs[key].id).compacted_at is None

@@ -188,6 +188,24 @@ class Store:
                 tx.put(rec, announce=False)
             return out
 
+    def relink(self) -> list[str]:
+        """Lines written again for the records that have none (a day's file lost or moved aside);
+        the runs whose lines came back. Reads the names of the records and every line."""
+        have = {line.id for line in self.lines()}
+        names = sorted(n[: -len(".json")] for n in _names(self.state.records) if not n.startswith("."))
+        missing = [run_id for run_id in names if run_id not in have]
+        if not missing:
+            return []
+        with self.tx() as tx:
+            for run_id in missing:
+                try:
+                    tx.put(_read_record(self.state, run_id), announce=False)
+                except StateError as exc:  # a broken record: named; the others come back
+                    log.warning("no line for run %s: %s", run_id, exc.message)
+                tx._records.pop(run_id, None)  # only the line moves
+        log.warning("lines written again from their records for %d run(s)", len(missing))
+        return missing
+
     def put_sample(self, run_id: str, sample: dict[str, Any]) -> None:
         """A live run's latest figures: its own small file, replaced, never fsynced (a sample lost
         to a crash is the one before it, and the run's end writes the figures to its record)."""

@@ -68,7 +68,10 @@ def unreadable_hint(path: Path) -> str:
             "restore it from a backup, or move it aside: the next command rebuilds the runs' lines from their"
             " records (the agents' usage and quarantine then start afresh: check `airlockd agents`)"
         )
-    return "restore it from a backup, or move it aside: the runs' records are kept, `airlockd gc --apply` rewrites it"
+    return (
+        "restore it from a backup, or move it aside: the runs' records are kept, and `airlockd gc --apply`"
+        " writes their lines again"
+    )
 
 
 # Withheld for what they are, not what they hold: a repository's history (git's own files, hook

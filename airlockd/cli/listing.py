@@ -86,6 +86,8 @@ def print_gc(report: dict[str, Any]) -> None:
         print(f"  {r['id']}  {r['state']:10} {r['why']}  ({r['bytes']:,} bytes)")
     if len(runs) > 50:
         print(f"  … and {len(runs) - 50} more (--json lists all)")
+    if report.get("relinked"):
+        print(f"  lines written again from their records: {len(report['relinked'])} run(s)")
     for k in report["kept"]:
         print(f"  kept {k['id']}: {k['why']}")
     print(f"  retention: {report['retention']}")

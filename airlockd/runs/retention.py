@@ -130,9 +130,11 @@ def collect(svc: Service, *, apply: bool, now: float | None = None) -> dict[str,
         "kept": kept,
         "audit_segments": [],
         "leftovers": 0,
+        "relinked": [],
         "retention": ret.model_dump(),
     }
     if apply:
+        report["relinked"] = svc.store.relink()  # a day's lines lost: back from the records
         if chosen:
             svc.audit.append(
                 "retention.compacting",

@@ -141,7 +141,10 @@ def test_unreadable_files_are_named_and_the_index_comes_back_from_the_records(
     assert main(["--workspace", str(ws), "--no-daemon", "runs"]) == 1
     out = capsys.readouterr().err
     assert str(day) in out and "move it aside" in out
-    day.write_bytes(day_bytes)
+    shutil.move(day, tmp_path / "day.json.broken")  # as the hint says: gc writes its lines again
+    assert main(["--workspace", str(ws), "--no-daemon", "--json", "gc", "--apply"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["relinked"]) == {rec.id}
+    assert {x.id for x in Store(svc.state).lines()} == {rec.id, other.id}
     # a truncated index: named; moved aside, the next command rebuilds the lines from the records
     index = svc.state.index_file
     index.write_text(index.read_text()[:40])

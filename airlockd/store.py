@@ -40,15 +40,15 @@ from airlockd.fsutil import LOCK_POLL_S
 from airlockd.records import AgentUsage, RunRecord, RunState, Transition
 from airlockd.state import StateDir
 from airlockd.storefiles import (
-    _ID,
     LINE_PATHS,
     NOT_READ,
+    RUN_ID,
     RunLine,
     Tx,
     _open,
-    _read_record,
-    _settled,
     line_of,
+    read_record,
+    settled,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Store:
         records; a line whose run is gone leaves the open lines. Records untouched."""
         for run_id in sorted(pending | set(opened)):
             try:
-                rec = _read_record(self.state, run_id)
+                rec = read_record(self.state, run_id)
             except NotFoundError:
                 if tx.index.table("open").contains(Query().id == run_id):
                     tx.index.table("open").remove(Query().id == run_id)
@@ -125,16 +125,16 @@ class Store:
 
     def get_run(self, run_id: str) -> RunRecord:
         """A run by its id or an unambiguous prefix of it (a compacted run: its summary)."""
-        if not _ID.fullmatch(run_id):
+        if not RUN_ID.fullmatch(run_id):
             raise NotFoundError(f"no run {run_id[:80]!r} in this workspace", hint="`airlockd runs` lists them")
         self._read_prepared()
         try:
-            return _read_record(self.state, run_id)
+            return read_record(self.state, run_id)
         except NotFoundError:
-            return _read_record(self.state, self._resolve(run_id))
+            return read_record(self.state, self._resolve(run_id))
 
     def get_run_exact(self, run_id: str) -> RunRecord:
-        return _read_record(self.state, run_id)
+        return read_record(self.state, run_id)
 
     def _resolve(self, prefix: str) -> str:
         if not prefix or not prefix.startswith("r"):
@@ -175,7 +175,7 @@ class Store:
             out = []
             for run_id in run_ids:
                 rec = self.get_run_exact(run_id)
-                if not _settled(rec.state):
+                if not settled(rec.state):
                     raise StateError(f"run {rec.id} is {rec.state.value}: only a finished run can be compacted")
                 if rec.compacted_at is None:
                     rec = rec.model_copy(deep=True)
@@ -199,7 +199,7 @@ class Store:
         with self.tx() as tx:
             for run_id in missing:
                 try:
-                    tx.put(_read_record(self.state, run_id), announce=False)
+                    tx.put(read_record(self.state, run_id), announce=False)
                 except StateError as exc:  # a broken record: named; the others come back
                     log.warning("no line for run %s: %s", run_id, exc.message)
                 tx._records.pop(run_id, None)  # only the line moves
@@ -259,7 +259,7 @@ class Store:
             if states is not None and RunState(row["state"]) not in states:
                 continue
             try:
-                out.append(_read_record(self.state, str(row["id"])))
+                out.append(read_record(self.state, str(row["id"])))
             except NotFoundError:
                 continue
         return sorted(out, key=lambda r: r.created_at)
@@ -290,7 +290,7 @@ class Store:
             if len(line.withheld_paths) < LINE_PATHS or line.compacted:
                 continue  # the line holds them all (a compacted run's record is not read for this)
             try:  # more than a line keeps: its record
-                rec = _read_record(self.state, line.id)
+                rec = read_record(self.state, line.id)
             except (NotFoundError, StateError) as exc:
                 log.warning("withheld paths of run %s not read: %s", line.id, getattr(exc, "message", exc))
                 continue

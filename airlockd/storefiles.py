@@ -79,7 +79,7 @@ def unreadable_hint(path: Path) -> str:
 # leads out of the workspace.
 NOT_READ = frozenset({"git-history", "symlink-escape"})
 
-_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 day_of = runlines.day_of
 
 
@@ -128,7 +128,7 @@ def line_of(rec: RunRecord) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def _settled(state: RunState) -> bool:
+def settled(state: RunState) -> bool:
     return not state.live and state is not RunState.PROPOSED
 
 
@@ -153,14 +153,14 @@ class Tx:
     def get(self, run_id: str) -> RunRecord:
         if run_id in self._records and (doc := self._records[run_id]) is not None:
             return RunRecord.model_validate(doc)
-        return _read_record(self.state, run_id)
+        return read_record(self.state, run_id)
 
     def put(self, rec: RunRecord, announce: bool = True) -> None:
         self._records[rec.id] = rec.model_dump(mode="json")
         line, q = line_of(rec), Query().id == rec.id
         opened = self.index.table("open")
         was_open = opened.get(q)
-        if _settled(rec.state):
+        if settled(rec.state):
             table = self.day(day_of(rec.id)).table("runs")
             if table.get(q) != line:
                 table.upsert(line, q)
@@ -224,7 +224,7 @@ def _doc(doc_id: int, value: dict[str, Any]) -> Any:
     return Document(value, doc_id=doc_id)
 
 
-def _read_record(state: StateDir, run_id: str) -> RunRecord:
+def read_record(state: StateDir, run_id: str) -> RunRecord:
     path = state.record(run_id)
     try:
         data = json.loads(path.read_bytes())

@@ -23,7 +23,7 @@ from airlockd.errors import StateError
 from airlockd.fsutil import atomic_write_bytes, fsync_dir, syncfs
 from airlockd.records import AgentUsage, RunRecord
 from airlockd.state import StateDir
-from airlockd.storefiles import _ID, _read_record, _settled, day_of, line_of
+from airlockd.storefiles import RUN_ID, day_of, line_of, read_record, settled
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def migrate(state: StateDir) -> int:
         ) from None
     seen: set[str] = set()
     for rec in runs:
-        if not _ID.fullmatch(rec.id) or rec.id in seen:
+        if not RUN_ID.fullmatch(rec.id) or rec.id in seen:
             why = "is not a run id (letters, digits, - and _)" if rec.id not in seen else "is there twice"
             raise StateError(
                 f"the store {old} cannot be converted to the current layout: the run {rec.id[:80]!r} {why}",
@@ -64,7 +64,7 @@ def migrate(state: StateDir) -> int:
         doc = rec.model_dump(mode="json")
         put(state.record(rec.id), json.dumps({"run": {"1": doc}}, separators=(",", ":")).encode())
         line = line_of(rec)
-        if _settled(rec.state):
+        if settled(rec.state):
             days[day_of(rec.id)][str(len(days[day_of(rec.id)]) + 1)] = line
         else:
             opened[str(len(opened) + 1)] = line
@@ -93,12 +93,12 @@ def rebuild(state: StateDir) -> int:
     for name in sorted(os.listdir(state.records)) if state.records.is_dir() else []:
         if name.endswith(".json") and not name.endswith(".live.json") and not name.startswith("."):
             try:
-                recs.append(_read_record(state, name[: -len(".json")]))
+                recs.append(read_record(state, name[: -len(".json")]))
             except StateError as exc:
                 log.warning("not in the rebuilt lines: %s", exc.message)
     for rec in recs:
         line = line_of(rec)
-        if _settled(rec.state):
+        if settled(rec.state):
             days[day_of(rec.id)][str(len(days[day_of(rec.id)]) + 1)] = line
         else:
             opened[str(len(opened) + 1)] = line

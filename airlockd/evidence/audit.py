@@ -31,8 +31,7 @@ from typing import IO, Any
 from filelock import FileLock
 
 from airlockd.errors import AirlockError
-from airlockd.evidence.chain import GENESIS, ChainBreak, ChainEnd, check, verify_lines
-from airlockd.evidence.chain import digest as _digest
+from airlockd.evidence.chain import GENESIS, ChainBreak, ChainEnd, check, digest, verify_lines
 from airlockd.evidence.segments import Segment, Segments, last_line
 from airlockd.fsutil import LOCK_POLL_S
 from airlockd.redact import Redactor
@@ -125,7 +124,7 @@ class AuditLog:
                 "prev": prev,
             }
             if self.chain:
-                event["hash"] = _digest(event)
+                event["hash"] = digest(event)
             line = (json.dumps(event, sort_keys=True, separators=(",", ":")) + "\n").encode()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:

@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from airlockd.cli import main
 from airlockd.evidence import signing
-from airlockd.evidence.audit import GENESIS, AuditLog, _digest
+from airlockd.evidence.audit import GENESIS, AuditLog
+from airlockd.evidence.chain import digest as chain_digest
 from airlockd.redact import Redactor
 
 EVERY = 16
@@ -36,7 +37,7 @@ def _rewrite(log: AuditLog, events: list[dict[str, object]]) -> None:
     for seq, ev in enumerate(events):
         ev = {**ev, "seq": seq, "prev": prev}
         ev.pop("hash", None)
-        ev["hash"] = prev = _digest(ev)
+        ev["hash"] = prev = chain_digest(ev)
         lines.append(json.dumps(ev, sort_keys=True, separators=(",", ":")) + "\n")
     log.path.write_text("".join(lines))
     log.head.write_text(json.dumps({"seq": len(events) - 1, "hash": prev}))

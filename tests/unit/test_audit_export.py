@@ -51,12 +51,12 @@ def test_editing_any_field_of_any_event_is_named(log: AuditLog, i: int, field: s
 
 @pytest.mark.parametrize("i", range(N))
 def test_an_edit_that_recomputes_its_own_hash_is_caught_by_the_next_event_or_the_head(log: AuditLog, i: int) -> None:
-    from airlockd.evidence.audit import _digest
+    from airlockd.evidence.chain import digest as chain_digest
 
     lines = _lines(log)
     ev = json.loads(lines[i])
     ev["data"]["n"] = 42
-    ev["hash"] = _digest(ev)
+    ev["hash"] = chain_digest(ev)
     lines[i] = (json.dumps(ev) + "\n").encode()
     brk = _tamper(log, lines)
     assert brk is not None and brk[0] == min(i + 2, N)
@@ -95,12 +95,12 @@ def test_swapping_any_two_neighbours_is_named(log: AuditLog, i: int) -> None:
 
 
 def test_a_well_formed_event_appended_afterwards_is_caught_by_the_head(log: AuditLog) -> None:
-    from airlockd.evidence.audit import _digest
+    from airlockd.evidence.chain import digest as chain_digest
 
     lines = _lines(log)
     last = json.loads(lines[-1])
     ev = {**last, "seq": N, "prev": last["hash"], "data": {"n": "appended"}}
-    ev["hash"] = _digest(ev)
+    ev["hash"] = chain_digest(ev)
     brk = _tamper(log, [*lines, (json.dumps(ev) + "\n").encode()])
     assert brk == (N + 1, N)
 

@@ -22,7 +22,8 @@ import airlockd.evidence.segments as segments_mod
 import airlockd.fsutil as fsutil_mod
 from airlockd.errors import AirlockError
 from airlockd.evidence import signing
-from airlockd.evidence.audit import AuditLog, ChainBreak, _digest
+from airlockd.evidence.audit import AuditLog, ChainBreak
+from airlockd.evidence.chain import digest as chain_digest
 from airlockd.evidence.segments import Segment
 from airlockd.redact import Redactor
 
@@ -263,7 +264,7 @@ def test_a_sealed_segment_rewritten_whole_is_caught(sealed: AuditLog) -> None:
     prev = events[0]["prev"]
     for ev in events:
         ev["data"]["n"], ev["prev"] = "forged", prev
-        ev["hash"] = prev = _digest(ev)
+        ev["hash"] = prev = chain_digest(ev)
     path.write_bytes(b"".join(_line(ev) for ev in events))
     brk = sealed.verify()
     assert brk is not None and brk.file == f"audit/{path.name}" and "not the ones sealed" in brk.problem

@@ -27,10 +27,12 @@ $(STAMP): pyproject.toml
 engine:
 	./scripts/ensure-docker.sh
 
+# cc: the image's gVisor compatibility library (runtime/compat/, airlockd/sandbox/compat.py).
 # --with-codex: also the image with the Codex CLI (npm install @openai/codex into a cache dir;
 # npm must be installed: apt-get install npm). tests/integration/test_codex.py builds it too.
 image: setup engine
 	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
+	@command -v cc >/dev/null && test -e /usr/include/fcntl.h || (apt-get update -qq && apt-get install -y -qq gcc libc6-dev)
 	$(AIRLOCK) runtime build --with-codex
 
 demo: image

@@ -132,8 +132,14 @@ class Admission(_Model):
     prompt_secrets: Literal["reject", "redact"] = "reject"  # a secret found in a prompt
 
 
+#: The container runtimes an agent may ask for: the engine's default `runc`, or gVisor's `runsc`
+#: (a kernel of its own between the agent and the host's; docs/containment.md).
+Runtime = Literal["runc", "runsc"]
+
+
 class Defaults(_Model):
     mode: Mode = Mode.REVIEW
+    runtime: Runtime = "runc"
     clearance: Level = Level.INTERNAL
     proposal_ttl_s: float = Field(86400, gt=0)
     max_file_bytes: int = Field(5_000_000, ge=1)
@@ -147,6 +153,7 @@ class AgentConfig(_Model):
     command: list[str] = Field(default_factory=list)
     prompt: Literal["stdin", "argv"] = "stdin"
     image: str | None = None
+    runtime: Runtime | None = None  # None: `[defaults] runtime`
     mode: Mode | None = None
     clearance: Level | None = None
     network: Literal["none", "gateway"] = "none"
@@ -376,6 +383,9 @@ class Policy(_Model):
 
     def mode_for(self, agent: str) -> Mode:
         return self.agent(agent).mode or self.defaults.mode
+
+    def runtime_for(self, agent: str) -> Runtime:
+        return self.agent(agent).runtime or self.defaults.runtime
 
     def clearance_for(self, agent: str) -> Level:
         return self.agent(agent).clearance or self.defaults.clearance

@@ -129,6 +129,8 @@ def evidence(service: Service, run_id: str) -> dict[str, Any]:
         "classifier": rec.classifier,
         "withheld": [{"path": w["path"], "rule": w["rule"]} for w in rec.withheld],
         "container": {
+            # the engine's record (runc, or runsc: gVisor's kernel between the agent and the host's)
+            "runtime": effective.get("runtime") or rec.container.get("runtime") or "runc",
             "network_mode": effective.get("network_mode"),
             "cap_drop": effective.get("cap_drop"),
             "cap_add": effective.get("cap_add"),
@@ -141,7 +143,9 @@ def evidence(service: Service, run_id: str) -> dict[str, Any]:
         },
         "resources": {
             "effective": {
-                k: effective.get(k) for k in ("cpus", "memory_bytes", "memory_swap_bytes", "pids_limit", "tmpfs")
+                **{k: effective.get(k) for k in ("cpus", "memory_bytes", "memory_swap_bytes", "pids_limit", "tmpfs")},
+                # the process cap under gVisor (RLIMIT_NPROC in its kernel; no pids cgroup there)
+                "nproc": ((effective.get("ulimits") or {}).get("nproc") or [None, None])[1],
             },
             "peak": dict(getattr(rec, "peak", {}) or {}),
             "duration_s": rec.container.get("duration_s"),

@@ -71,7 +71,8 @@ class RunMonitor:
         self.publish = publish
         self.tokens_from = tokens_from
         self.started = time.monotonic()
-        self.peak: dict[str, float] = {"cpu_pct": 0.0, "mem_bytes": 0.0, "mem_max_bytes": 0.0, "pids": 0.0}
+        # "pids" only once a sample counts the agent's processes (never under gVisor: docker.py)
+        self.peak: dict[str, float] = {"cpu_pct": 0.0, "mem_bytes": 0.0, "mem_max_bytes": 0.0}
         self.output_bytes = 0
         self.tokens = 0
         self.growth_bytes = 0

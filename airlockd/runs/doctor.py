@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd.sandbox import volumes
+from airlockd.sandbox import runtimes, volumes
 from airlockd.sandbox.base import OverlayVolume
 from airlockd.staging import capfs, stagers
 
@@ -115,6 +115,13 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("stager", staging, "unset AIRLOCK_STAGER, or run airlockd as root on a kernel with overlayfs"))
 
+    def runtimes_check() -> str:
+        if client is None:
+            raise RuntimeError("no engine to ask")
+        return container_runtimes(client, workspace)
+
+    checks.append(_check("container runtimes", runtimes_check, runtimes.REGISTER_HINT))
+
     def file_events() -> str:
         """Whether the daemon's mirror keeper can watch this workspace (else every run walks)."""
         from airlockd.staging.watcher import TreeWatcher
@@ -162,6 +169,45 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("agent user", user, ""))
     return checks
+
+
+def container_runtimes(client: Any, workspace: Path) -> str:
+    """The engine's runtimes, which agents use which, and for runsc a probe container: what
+    kernel the agent sees there and whether a directory lists (the image's compat library).
+    Raises when an agent's runtime could not run here."""
+    from airlockd.gateway.runs import uses_gateway
+    from airlockd.policy import load_policy
+    from airlockd.sandbox.image import image_tag
+
+    policy = load_policy(workspace).policy
+    table = client.info().get("Runtimes") or {}
+    by_runtime: dict[str, list[str]] = {}
+    for name in sorted(policy.agents):
+        by_runtime.setdefault(policy.runtime_for(name), []).append(name)
+    problems = []
+    for runtime, agents in sorted(by_runtime.items()):
+        sockets = any(uses_gateway(policy.agent(a)) for a in agents)
+        if why := runtimes.refusal(table, runtime, host_sockets=sockets):
+            problems.append(f"agents {', '.join(agents)} ask for {runtime}, but {why.split('; fix:')[0]}")
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    parts = [f"{rt}: {', '.join(agents)}" for rt, agents in sorted(by_runtime.items())]
+    detail = f"engine runtimes {', '.join(sorted(table))}; agents by runtime: {'; '.join(parts) or 'none'}"
+    if runtimes.GVISOR not in table:
+        return detail + '; runsc (gVisor) not registered: needed only for runtime = "runsc"'
+    out = client.containers.run(
+        image_tag(),
+        ["sh", "-c", "uname -r && ls / >/dev/null && echo listed"],
+        runtime=runtimes.GVISOR,
+        network_mode="none",
+        user="1000:1000",
+        remove=True,
+    )
+    lines = out.decode(errors="replace").split()
+    if "listed" not in lines:
+        raise RuntimeError(f"under runsc the runtime image cannot list a directory: {' '.join(lines)[:200]}")
+    args = " ".join((table[runtimes.GVISOR] or {}).get("runtimeArgs") or [])
+    return detail + f"; runsc probe: gVisor kernel {lines[0]} inside, directories list (runtimeArgs: {args})"
 
 
 def engine_refuses(client: object, state_root: Path, image: str) -> str | None:

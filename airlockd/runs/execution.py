@@ -190,15 +190,20 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         user=user,
         labels={"airlockd.workspace": str(svc.workspace), "airlockd.agent": rec.agent},
         workspace_overlay=overlay_volume(svc, run_dir),
+        runtime=svc.policy.runtime_for(rec.agent),
     )
-    svc.lifecycle.transition(rec, RunState.RUNNING, container={"image": spec.image, "owner_pid": os.getpid()})
-    progress("running", f"agent {rec.agent} running in {spec.image}")
+    svc.lifecycle.transition(
+        rec, RunState.RUNNING, container={"image": spec.image, "runtime": spec.runtime, "owner_pid": os.getpid()}
+    )
+    under = "" if spec.runtime == "runc" else f" under {spec.runtime}"
+    progress("running", f"agent {rec.agent} running in {spec.image}{under}")
     svc.audit.append(
         "container.starting",
         run=rec.id,
         agent=rec.agent,
         policy=rec.policy_revision,
         image=spec.image,
+        runtime=spec.runtime,
         network=spec.network,
         user=spec.user,
         limits=spec.limits.model_dump(),
@@ -245,6 +250,8 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
     container = {
         "id": info.container_id[:12],
         "image": rec.container.get("image"),
+        # what the engine ran it under (its record), else what was asked
+        "runtime": info.effective.get("runtime") or rec.container.get("runtime") or "runc",
         "exit_code": info.exit_code,
         "oom_killed": info.oom_killed,
         "duration_s": round(info.duration_s, 3),

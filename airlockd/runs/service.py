@@ -24,6 +24,7 @@ from typing import Any
 from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
 from airlockd.evidence.audit import AuditLog
 from airlockd.evidence.document import live_tree, schemes_differ
+from airlockd.gateway.runs import uses_gateway
 from airlockd.pipeline import admission
 from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
@@ -330,6 +331,11 @@ class Service:
         elif screened.secrets:  # policy says redact: the agent gets the prompt with the secret masked
             prompt = self.redactor.text(prompt)
             rec.prompt_redactions = list(screened.secrets)
+        if reason is None:  # a runtime the engine lacks is refused before anything is spent
+            runtime = self.policy.runtime_for(agent)
+            reason = self.sandbox.runtime_refusal(runtime, host_sockets=uses_gateway(cfg))
+            if reason:
+                reason = f'runtime "{runtime}": {reason}'
         refused = reason
         reason = self.store.admit(rec, lambda live, usage: refused or admission.refusal(cfg, usage, prompt, live))
         self.audit.append(

@@ -51,6 +51,13 @@ class ContainerSpec:
     # When set, /workspace is this overlay (a volume created for the run and removed after its
     # container) instead of a bind mount of `workspace` (which is then the upper layer).
     workspace_overlay: OverlayVolume | None = None
+    # The engine's runtime for the container: "runc", or "runsc" (gVisor: the agent's system calls
+    # go to a kernel of gVisor's own, never straight to the host's).
+    runtime: str = "runc"
+
+
+#: Runtimes whose containers are processes of the host's kernel, counted by its pids cgroup.
+HOST_KERNEL_RUNTIMES = frozenset({"runc"})
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,11 @@ class Sandbox(Protocol):
 
     def ping(self) -> None:
         """Raise EngineError, saying how to fix it, when the engine does not answer."""
+        ...
+
+    def runtime_refusal(self, runtime: str, *, host_sockets: bool) -> str | None:
+        """Why a container cannot run under `runtime` here (missing, or unable to reach a host
+        Unix socket when `host_sockets`), with the fix; None when it can. Asked at admission."""
         ...
 
     def attach(

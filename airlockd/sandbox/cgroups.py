@@ -75,9 +75,14 @@ class CgroupWatch:
     until its cgroup is gone. `engine_pid()` (the container's init pid, asked of the engine) is
     called only when the usual cgroup paths are not found."""
 
-    def __init__(self, container_id: str, engine_pid: Callable[[], int | None] | None = None) -> None:
+    def __init__(
+        self, container_id: str, engine_pid: Callable[[], int | None] | None = None, *, pids: bool = True
+    ) -> None:
         self.container_id = container_id
         self._engine_pid = engine_pid
+        # False under gVisor: the host's pids cgroup holds the sandbox's own threads, not the
+        # agent's processes (which gVisor's kernel counts), so only the memory counters are read
+        self._key = "pids" if pids else "memory"
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._best = {"pids_refused": 0, "pids_peak": 0, "oom_kills": 0}
@@ -120,7 +125,7 @@ class CgroupWatch:
         not found, it is not visible from here: give up rather than poll for nothing."""
         tries = 0
         while not self._done.is_set():
-            if "pids" in (dirs := locate(self.container_id)):
+            if self._key in (dirs := locate(self.container_id)):
                 return self._open(dirs)
             tries += 1
             if tries % FIND_TRIES_BEFORE_ASKING == 0 and self._engine_pid is not None:
@@ -128,7 +133,7 @@ class CgroupWatch:
                 with contextlib.suppress(Exception):
                     pid = self._engine_pid()
                 if pid:  # started (0: not yet, or already over)
-                    if "pids" in (dirs := locate(self.container_id, pid)):
+                    if self._key in (dirs := locate(self.container_id, pid)):
                         return self._open(dirs)
                     self._why = f"the cgroup of container pid {pid} is not visible under {ROOT}"
                     return False
@@ -137,18 +142,21 @@ class CgroupWatch:
 
     def _open(self, dirs: dict[str, Path]) -> bool:
         v2 = _v2()
-        wanted = {
-            "pids.events": dirs["pids"] / "pids.events",
-            "pids.peak": dirs["pids"] / "pids.peak",  # kernels >= 6.1 (v1 and v2)
-            "pids.current": dirs["pids"] / "pids.current",
-        }
+        wanted: dict[str, Path] = {}
+        if self._key == "pids":
+            wanted = {
+                "pids.events": dirs["pids"] / "pids.events",
+                "pids.peak": dirs["pids"] / "pids.peak",  # kernels >= 6.1 (v1 and v2)
+                "pids.current": dirs["pids"] / "pids.current",
+            }
         if "memory" in dirs:
             wanted["memory"] = dirs["memory"] / ("memory.events" if v2 else "memory.oom_control")
         for key, path in wanted.items():
             with contextlib.suppress(OSError):
                 self._files[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if "pids.events" not in self._files:
-            self._why = f"no readable pids.events in {dirs['pids']}"
+        needed = "pids.events" if self._key == "pids" else "memory"
+        if needed not in self._files:
+            self._why = f"no readable {wanted[needed].name if needed in wanted else needed} in {dirs[self._key]}"
             return False
         names = ", ".join(k if k != "memory" else wanted["memory"].name for k in self._files)
         self._source = f"cgroup {'v2' if v2 else 'v1'} {names} of the container, read while it ran"

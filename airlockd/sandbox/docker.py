@@ -26,9 +26,9 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import cgroups, volumes
-from airlockd.sandbox.base import TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
-from airlockd.sandbox.dockerargs import RUN_LABEL, create_kwargs
+from airlockd.sandbox import cgroups, runtimes, volumes
+from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
+from airlockd.sandbox.dockerargs import RUN_LABEL, RUNTIME_LABEL, create_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,17 @@ class DockerSandbox:
         """Raise EngineError with a fix when the engine does not answer; never starts one."""
         with _engine("pinging the Docker engine"):
             self.client.ping()
+
+    def runtime_refusal(self, runtime: str, *, host_sockets: bool) -> str | None:
+        """Asks the engine (`docker info`) for its runtimes; runc needs no question."""
+        if runtime == "runc":
+            return None
+        try:
+            with _engine(f"asking the engine for its runtimes (the agent asks for {runtime})"):
+                info = self.client.info()
+        except EngineError as exc:
+            return str(exc)
+        return runtimes.refusal(info.get("Runtimes"), runtime, host_sockets=host_sockets)
 
     def run(self, spec: ContainerSpec, on_output: Callable[[bytes], None] | None = None) -> ExitInfo:
         """Create, start and watch the container until it ends; always remove it.
@@ -237,7 +248,7 @@ class DockerSandbox:
         def engine_pid() -> int | None:
             return int(self.client.api.inspect_container(cid)["State"]["Pid"]) or None
 
-        return cgroups.CgroupWatch(cid, engine_pid).start()
+        return cgroups.CgroupWatch(cid, engine_pid, pids=_host_kernel(container)).start()
 
     def stop(self, run_id: str, grace_s: float) -> bool:
         """SIGTERM (docker-init forwards it), then SIGKILL after `grace_s` (whole seconds, up).
@@ -289,7 +300,10 @@ class DockerSandbox:
             return None
         if not isinstance(raw, dict):
             return None
-        return _stats_sample(raw)
+        sample = _stats_sample(raw)
+        if not _host_kernel(running[0]):  # the sandbox's own threads, not the agent's processes
+            sample.pop("pids", None)
+        return sample
 
     # ---- pieces ------------------------------------------------------------------------------
 
@@ -410,6 +424,12 @@ def _gone_is_fine() -> Iterator[None]:
             raise
 
 
+def _host_kernel(container: Container) -> bool:
+    """Whether the container's processes are the host kernel's (runc), by the label every run's
+    container carries (a listing's attributes have no HostConfig.Runtime)."""
+    return (container.labels or {}).get(RUNTIME_LABEL, "runc") in HOST_KERNEL_RUNTIMES
+
+
 def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
     """The settings the engine recorded for the container (not what we asked for)."""
     hc = attrs.get("HostConfig", {})
@@ -418,6 +438,7 @@ def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
         "image": cfg.get("Image"),
         "image_id": attrs.get("Image"),
         "user": cfg.get("User"),
+        "runtime": hc.get("Runtime") or "runc",
         "network_mode": hc.get("NetworkMode"),
         "read_only_root": hc.get("ReadonlyRootfs"),
         "cap_drop": hc.get("CapDrop"),

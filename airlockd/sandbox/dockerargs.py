@@ -3,8 +3,14 @@
 Everything that locks a run's container down is decided here, from the spec alone: read-only
 root, bounded /tmp, no capabilities, no-new-privileges, the agent's user, no network, memory (no
 swap) / cpu / pids limits, no core dumps, docker-init as PID 1, the mounts
-(read-only where they must be), the labels that find the run's container again, and the overlay
-volume. It never talks to an engine, so every flag is unit-tested without one.
+(read-only where they must be), the labels that find the run's container again, the overlay
+volume and the runtime. It never talks to an engine, so every flag is unit-tested without one.
+
+Under gVisor (`runsc`) the agent's processes are tasks of gVisor's kernel, not of the host's: the
+host's pids cgroup counts the sandbox's own threads instead, and a cap there wedges gVisor rather
+than refusing the agent's fork. The process cap is then RLIMIT_NPROC, which gVisor's kernel
+enforces for the agent's user inside the sandbox (a fork fails with EAGAIN at the cap, as at
+`pids.max`); docs/containment.md.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from airlockd.errors import UsageError
 from airlockd.sandbox import volumes
-from airlockd.sandbox.base import STDIN_PATH, WORKSPACE_PATH, ContainerSpec
+from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, STDIN_PATH, WORKSPACE_PATH, ContainerSpec
 
 RUN_LABEL = "airlockd.run"
 OWNER_LABEL = "airlockd"
+RUNTIME_LABEL = "airlockd.runtime"
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 #: No core dumps: they would land in the staged workspace as the agent's "changes". (Only limits
 #: that lower the engine's own are set: raising one, e.g. nofile, fails on engines started lower.)
@@ -53,13 +60,17 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
             raise UsageError(f"run {spec.run_id}: mount {host} -> {target} needs absolute paths")
         mounts.append(Mount(target, str(host), type="bind", read_only=read_only))
     lim = spec.limits
+    ulimits = list(ULIMITS)
+    host_kernel = spec.runtime in HOST_KERNEL_RUNTIMES
+    if not host_kernel:
+        ulimits.append(("nproc", lim.pids, lim.pids))
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": argv,
         "user": spec.user,
         "environment": dict(spec.env),
         "working_dir": WORKSPACE_PATH,
-        "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id},
+        "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id, RUNTIME_LABEL: spec.runtime},
         "network_mode": "none",
         "read_only": True,
         "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
@@ -68,8 +79,8 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "mounts": mounts,
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap
-        "pids_limit": lim.pids,
-        "ulimits": [Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in ULIMITS],
+        "pids_limit": lim.pids if host_kernel else None,
+        "ulimits": [Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in ulimits],
         "nano_cpus": int(lim.cpus * 1e9),
         "init": True,  # docker-init as PID 1: reaps zombies, forwards SIGTERM
         "stdin_open": False,
@@ -78,6 +89,8 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "log_config": LogConfig(type="none"),
         "detach": True,
     }
+    if spec.runtime != "runc":
+        kwargs["runtime"] = spec.runtime
     name = f"airlockd-{spec.run_id}"
     if _NAME_OK.match(name):
         kwargs["name"] = name

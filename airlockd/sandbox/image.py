@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airlockd.errors import AirlockError, EngineError
 from airlockd.resources import resource
+from airlockd.sandbox import compat
 
 IMAGE_REPO = "airlockd-runtime"
 BASE_REPO = "airlockd-runtime-base"
@@ -402,11 +403,19 @@ def _context(defn: ImageDefinition, root: Path, base: str) -> io.BytesIO:
     buf = io.BytesIO()
     rootfs = root / "rootfs"
     files = sorted(_files(rootfs)) if rootfs.is_dir() else []
-    text = _dockerfile(defn, base, definition_digest(root), bool(files)).encode()
+    library = compat.build(root)
+    text = _dockerfile(defn, base, definition_digest(root), bool(files) or library is not None).encode()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size, info.mode = len(text), 0o644
-        tar.addfile(info, io.BytesIO(text))
+
+        def add(name: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+
+        add("Dockerfile", text)
+        if library is not None:  # every program of the image loads it: compat.py
+            add(f"rootfs/{compat.IN_IMAGE}", library, 0o755)
+            add(f"rootfs/{compat.PRELOAD}", f"/{compat.IN_IMAGE}\n".encode())
 
         def as_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
             ti.uid = ti.gid = 0

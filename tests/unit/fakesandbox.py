@@ -56,6 +56,7 @@ class FakeSandbox:
 
     act: Callable[[Path], bytes | None] = lambda ws: None
     timed_out: bool = False  # report every run as ended by its wall time
+    runtimes: tuple[str, ...] = ("runc",)  # what the fake engine "has" (`runtime_refusal`)
     seen: list[ContainerSpec] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _requested: dict[str, str] = field(default_factory=dict)  # run_id -> "stop" / "kill"
@@ -162,6 +163,11 @@ class FakeSandbox:
 
     def ping(self) -> None:
         pass
+
+    def runtime_refusal(self, runtime: str, *, host_sockets: bool) -> str | None:
+        from airlockd.sandbox import runtimes
+
+        return runtimes.refusal({r: {} for r in self.runtimes}, runtime, host_sockets=False)
 
     def attach(
         self,

@@ -117,8 +117,10 @@ def test_missing_workspace_empty_command_missing_stdin_are_refused(tmp_path: Pat
 
 
 def test_labels_find_the_run_and_cannot_be_forged(tmp_path: Path) -> None:
-    kw = create_kwargs(spec(tmp_path, labels={"airlockd.workspace": "/src/app", "airlockd.run": "other"}))
-    assert kw["labels"] == {"airlockd.workspace": "/src/app", "airlockd": "1", "airlockd.run": "r1"}
+    forged = {"airlockd.workspace": "/src/app", "airlockd.run": "other", "airlockd.runtime": "runc"}
+    kw = create_kwargs(spec(tmp_path, labels=forged, runtime="runsc"))
+    want = {"airlockd.workspace": "/src/app", "airlockd": "1", "airlockd.run": "r1", "airlockd.runtime": "runsc"}
+    assert kw["labels"] == want
     assert kw["name"] == "airlockd-r1"
     assert "name" not in create_kwargs(spec(tmp_path, run_id="bad/id"))  # not a valid name: the engine picks one
 

@@ -32,6 +32,19 @@ function list(v: unknown): string {
   return String(v);
 }
 
+/** The runtime a run's container had, as a reviewer reads it. */
+function runtimeText(runtime: string): string {
+  return runtime === "runsc" ? "runsc (gVisor: its own kernel between the agent and the host)" : runtime;
+}
+
+/** The process cap: the pids cgroup under runc, RLIMIT_NPROC inside gVisor's kernel under runsc. */
+function processCap(eff: Record<string, unknown>): string {
+  if (eff["pids_limit"]) return list(eff["pids_limit"]);
+  const ulimits = eff["ulimits"] as Record<string, unknown[]> | undefined;
+  const nproc = ulimits?.["nproc"];
+  return Array.isArray(nproc) && nproc.length > 1 ? `${String(nproc[1])} (nproc, in gVisor)` : list(eff["pids_limit"]);
+}
+
 function effective(ev: Evidence): Record<string, unknown> {
   const c = ev.resources?.container ?? {};
   const e = (c as { effective?: unknown }).effective;
@@ -94,9 +107,10 @@ function nodes(ev: Evidence, observed?: Peaks): Node[] {
     },
     {
       label: "container",
-      description: `network ${list(eff["network_mode"])}`,
+      description: `network ${list(eff["network_mode"])} · runtime ${list(eff["runtime"] ?? c["runtime"] ?? "runc")}`,
       icon: "server-environment",
       children: [
+        leaf("runtime", runtimeText(String(eff["runtime"] ?? c["runtime"] ?? "runc"))),
         leaf("network mode", list(eff["network_mode"])),
         leaf("capabilities dropped", list(eff["cap_drop"])),
         leaf("capabilities added", list(eff["cap_add"])),
@@ -117,7 +131,7 @@ function nodes(ev: Evidence, observed?: Peaks): Node[] {
         leaf("peak CPU", `${Math.round(peakCpu)}%`),
         leaf("memory limit", eff["memory_bytes"] ? bytes(Number(eff["memory_bytes"])) : "—"),
         leaf("CPUs", list(eff["cpus"])),
-        leaf("pids limit", list(eff["pids_limit"])),
+        leaf("pids limit", processCap(eff)),
         leaf("duration", c["duration_s"] !== undefined ? duration(Number(c["duration_s"])) : "—"),
         leaf("output", bytes(ev.resources?.outputBytes ?? 0)),
         leaf("tokens", ev.resources?.tokens ?? 0),

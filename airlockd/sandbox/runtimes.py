@@ -1,0 +1,75 @@
+"""Whether an engine can run a container under the runtime an agent asks for, judged from the
+engine's own description of its runtimes (`docker info` -> Runtimes: name -> path, runtimeArgs).
+
+Pure functions of that description, so every verdict is unit-tested without an engine; the
+sandbox asks the engine and passes what it said. A runtime the engine lacks, or one that cannot
+give the run what it needs, is a refusal at admission naming what is missing and how to add it:
+never a silent fall back to a weaker runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GVISOR = "runsc"
+#: What `scripts/ensure-docker.sh` registers (scripts/dockerd.json): ptrace works on every
+#: machine (no /dev/kvm needed); host-uds=open lets the agent connect to the model gateway's
+#: Unix socket mounted from the host (and nothing else: it cannot create or bind one there).
+GVISOR_ARGS = ["--network=none", "--platform=ptrace", "--host-uds=open"]
+REGISTER_HINT = (
+    "install gVisor (apt-get install runsc) and register it with the engine: add "
+    '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ' + str(GVISOR_ARGS).replace("'", '"') + "}}} "
+    "to its daemon.json and reload it (kill -HUP the dockerd process); scripts/ensure-docker.sh "
+    "does this for the engine it starts. docs/containment.md has the details"
+)
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    """runsc's command-line flags as name -> value ("" for a bare boolean flag); accepts
+    `--name=value`, `-name=value` and `--name value`."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-"):
+            i += 1
+            continue
+        name, eq, value = arg.lstrip("-").partition("=")
+        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            value = args[i + 1]
+            i += 1
+        out[name] = value
+        i += 1
+    return out
+
+
+def host_sockets_allowed(args: list[str]) -> bool:
+    """Whether a runsc started with `args` lets the agent connect to a host Unix socket that is
+    mounted into its container (the model gateway's)."""
+    f = flags(args)
+    mode = f.get("host-uds", "")
+    if mode in ("open", "all"):
+        return True
+    return "fsgofer-host-uds" in f and f["fsgofer-host-uds"] in ("", "true")  # the deprecated name
+
+
+def refusal(
+    runtimes: Mapping[str, Any] | None, runtime: str, *, host_sockets: bool, engine: str = "the engine"
+) -> str | None:
+    """Why a container cannot run under `runtime` on an engine with these `runtimes`, or None.
+    `host_sockets`: the run mounts the model gateway's socket and must be able to connect to it."""
+    if runtime == "runc":
+        return None  # every Docker engine has it (and uses it for images and builds)
+    known = dict(runtimes or {})
+    if runtime not in known:
+        names = ", ".join(sorted(known)) or "none listed"
+        return f'{engine} has no "{runtime}" runtime (it has: {names}); fix: {REGISTER_HINT}'
+    args = list((known[runtime] or {}).get("runtimeArgs") or [])
+    if runtime == GVISOR and host_sockets and not host_sockets_allowed(args):
+        return (
+            f'{engine} runs "{runtime}" without --host-uds=open, so the agent could not reach the model '
+            f'gateway\'s socket (its runtimeArgs: {" ".join(args) or "none"}); fix: add "--host-uds=open" '
+            "to the runtime's runtimeArgs in the engine's daemon.json and reload it (kill -HUP the dockerd process)"
+        )
+    return None

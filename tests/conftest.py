@@ -88,9 +88,41 @@ _STAGED_MODULES = {
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "stager" in metafunc.fixturenames and metafunc.module.__name__.rpartition(".")[2] in _STAGED_MODULES:
-        forced = os.environ.get("AIRLOCK_STAGER")
-        metafunc.parametrize("stager", [forced] if forced else ["overlay", "copy"], indirect=True)
+    """Staged suites run once per stager; a test that takes `runtime` runs under runc with each
+    stager and under runsc (gVisor) with the overlay, the stager users get (AIRLOCK_RUNTIME=runc|
+    runsc runs one)."""
+    staged = "stager" in metafunc.fixturenames and metafunc.module.__name__.rpartition(".")[2] in _STAGED_MODULES
+    forced = os.environ.get("AIRLOCK_STAGER")
+    names = [forced] if forced else ["overlay", "copy"]
+    wanted = os.environ.get("AIRLOCK_RUNTIME")
+    if "runtime" in metafunc.fixturenames:
+        runtimes = [wanted] if wanted else ["runc", "runsc"]
+        if staged:
+            combos = [(s, rt) for rt in runtimes for s in (names if rt == "runc" else names[:1])]
+            metafunc.parametrize(("stager", "runtime"), combos, indirect=True, ids=[f"{s}-{rt}" for s, rt in combos])
+        else:
+            metafunc.parametrize("runtime", runtimes, indirect=True)
+    elif staged:
+        metafunc.parametrize("stager", names, indirect=True)
+
+
+@pytest.fixture
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The container runtime a parametrised test runs its agents under. runsc must be registered
+    with the engine (scripts/ensure-docker.sh does it for the engine it starts): a missing one
+    fails under AIRLOCK_REQUIRE_DOCKER, and skips, saying why, otherwise."""
+    name: str = getattr(request, "param", "runc")
+    if name != "runc":
+        import docker
+
+        from airlockd.sandbox import runtimes
+
+        why = runtimes.refusal(docker.from_env().info().get("Runtimes"), name, host_sockets=True)
+        if why is not None:
+            if REQUIRE_DOCKER:
+                pytest.fail(f"the engine cannot run {name}: {why}")
+            pytest.skip(f"the engine cannot run {name}: {why}")
+    return name
 
 
 @pytest.fixture(autouse=True)

@@ -46,14 +46,14 @@ def model() -> Iterator[ScriptedModel]:
         yield m
 
 
-def make_ws(tmp_path: Path, upstream: str) -> Path:
+def make_ws(tmp_path: Path, upstream: str, runtime: str = "runc") -> Path:
     ws = tmp_path / "project"
     ws.mkdir()
     (ws / "README.md").write_text("# project\n")
     (ws / "edit.txt").write_text("first line\n")
     (ws / "old.txt").write_text("to be deleted\n")
     (ws / "policies.toml").write_text(
-        '[agents.codex]\nadapter = "codex"\nnetwork = "gateway"\n'
+        f'[agents.codex]\nadapter = "codex"\nnetwork = "gateway"\nruntime = "{runtime}"\n'
         "[agents.codex.limits]\nwall_time_s = 120\nmemory_mb = 1024\n"
         f'[gateway]\nupstream = "{upstream}"\nkey_env = "{KEY_ENV}"\nkey_file = ""\n'
         'allowed = ["POST /v1/responses"]\n'
@@ -70,7 +70,10 @@ def changes(rec: Any) -> dict[str, str]:
     return {f.path: f.change for f in rec.files}
 
 
-def test_codex_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedModel, real_key: str) -> None:
+def test_codex_end_to_end_through_the_gateway(
+    tmp_path: Path, model: ScriptedModel, real_key: str, runtime: str
+) -> None:
+    """Under runc and under runsc (gVisor: the gateway's socket through its host-uds option)."""
     model.replies = [
         Reply([exec_call("echo created by codex > new.txt")], usage(200, 20)),
         Reply([exec_call("echo second line >> edit.txt")], usage(230, 15)),
@@ -78,9 +81,10 @@ def test_codex_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedMod
         Reply([exec_call(PROBE)], usage(260, 12)),
         Reply([message("turn one done")], usage(300, 8)),
     ]
-    ws = make_ws(tmp_path, model.url)
+    ws = make_ws(tmp_path, model.url, runtime)
     svc = Service(ws)
     rec = svc.execute(svc.submit("codex", "turn one: make the changes").id)
+    assert rec.container.get("runtime") == runtime, rec.container
     assert rec.state is RunState.PROPOSED, (
         rec.state,
         rec.error,

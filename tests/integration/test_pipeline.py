@@ -199,14 +199,19 @@ def test_background_run_then_stop_or_kill_from_another_process(
 
 
 @pytest.mark.parametrize("agent_s", [4, 1])
-def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.CaptureFixture[str], agent_s: int) -> None:
+def test_a_run_whose_process_dies_is_reattached(
+    ws: Path, capsys: pytest.CaptureFixture[str], agent_s: int, runtime: str
+) -> None:
     """The executing process dies while the agent runs: the next command hands the container to a
     new process that keeps enforcing its limits (or, when the agent has finished meanwhile, reads
-    how it ended) and proposes the result."""
+    how it ended) and proposes the result. Under runc and under runsc."""
     import signal
     import time
 
     import docker
+
+    policy = ws / "policies.toml"
+    policy.write_text(policy.read_text().replace('prompt = "argv"\n', f'prompt = "argv"\nruntime = "{runtime}"\n'))
 
     code, run = cli(ws, "run", "--agent", "bot", f"sleep {agent_s}; echo done > done.txt", capsys=capsys)
     assert code == 0 and isinstance(run, dict)
@@ -225,6 +230,7 @@ def test_a_run_whose_process_dies_is_reattached(ws: Path, capsys: pytest.Capture
     assert final["owner_pid"] != running["owner_pid"]
     kinds = [e["kind"] for e in final["timeline"]]
     assert "recovery.reattached" in kinds
+    assert final["container"]["runtime"] == runtime, final["container"]
 
 
 def test_a_run_whose_container_is_gone_is_reconciled(

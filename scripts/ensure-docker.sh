@@ -28,9 +28,13 @@ fi
 
 if docker info >/dev/null 2>&1; then
   # An engine this script did not start keeps its own configuration: say how to add gVisor.
-  if ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  runtimes=$(docker info --format '{{json .Runtimes}}' 2>/dev/null || true)
+  if ! grep -q '"runsc"' <<<"$runtimes"; then
     echo "ensure-docker: the running engine has no runsc runtime; agents with runtime = \"runsc\" are" \
       "refused until it is registered: add the runtimes of $config to its daemon.json and kill -HUP dockerd" >&2
+  elif ! grep -q 'oci-seccomp' <<<"$runtimes"; then
+    echo "ensure-docker: the running engine's runsc lacks --oci-seccomp; agents with runtime = \"runsc\" are" \
+      "refused until it has it: use the runtimeArgs of $config in its daemon.json and kill -HUP dockerd" >&2
   fi
   exit 0
 fi

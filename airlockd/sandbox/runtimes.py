@@ -15,8 +15,11 @@ from typing import Any
 GVISOR = "runsc"
 #: What `scripts/ensure-docker.sh` registers (scripts/dockerd.json): ptrace works on every
 #: machine (no /dev/kvm needed); host-uds=open lets the agent connect to the model gateway's
-#: Unix socket mounted from the host (and nothing else: it cannot create or bind one there).
-GVISOR_ARGS = ["--network=none", "--platform=ptrace", "--host-uds=open"]
+#: Unix socket mounted from the host (and nothing else: it cannot create or bind one there);
+#: oci-seccomp applies the container's seccomp profile (the engine's default) inside gVisor's
+#: kernel. Without it an agent can unshare a user namespace there, be root in it, and fork past
+#: RLIMIT_NPROC (found in review: 23,000 host tasks from a 32-process cap), so it is required.
+GVISOR_ARGS = ["--network=none", "--platform=ptrace", "--host-uds=open", "--oci-seccomp"]
 REGISTER_HINT = (
     "install gVisor (apt-get install runsc) and register it with the engine: add "
     '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ' + str(GVISOR_ARGS).replace("'", '"') + "}}} "
@@ -54,6 +57,11 @@ def host_sockets_allowed(args: list[str]) -> bool:
     return "fsgofer-host-uds" in f and f["fsgofer-host-uds"] in ("", "true")  # the deprecated name
 
 
+def seccomp_inside(args: list[str]) -> bool:
+    """Whether a runsc started with `args` enforces the container's seccomp profile."""
+    return flags(args).get("oci-seccomp", "x") in ("", "true")
+
+
 def refusal(
     runtimes: Mapping[str, Any] | None, runtime: str, *, host_sockets: bool, engine: str = "the engine"
 ) -> str | None:
@@ -66,6 +74,13 @@ def refusal(
         names = ", ".join(sorted(known)) or "none listed"
         return f'{engine} has no "{runtime}" runtime (it has: {names}); fix: {REGISTER_HINT}'
     args = list((known[runtime] or {}).get("runtimeArgs") or [])
+    if runtime == GVISOR and not seccomp_inside(args):
+        return (
+            f'{engine} runs "{runtime}" without --oci-seccomp, so the container\'s seccomp profile does not '
+            "apply inside gVisor: an agent there could create a user namespace, where the process cap does "
+            f'not hold (its runtimeArgs: {" ".join(args) or "none"}); fix: add "--oci-seccomp" to the '
+            "runtime's runtimeArgs in the engine's daemon.json and reload it (kill -HUP the dockerd process)"
+        )
     if runtime == GVISOR and host_sockets and not host_sockets_allowed(args):
         return (
             f'{engine} runs "{runtime}" without --host-uds=open, so the agent could not reach the model '

@@ -21,6 +21,8 @@ import pytest
 import pytest_asyncio
 from pytest_lsp import LanguageClient
 
+from airlockd.sandbox.dockerargs import gvisor_host_tasks
+
 from .conftest import POLICY, command, make_workspace, notes, start_client, wait_until
 
 pytestmark = [
@@ -32,7 +34,7 @@ pytestmark = [
 HARD = '\n[agents.hard]\ncommand = ["bash", "-c", "{prompt}"]\nprompt = "argv"\nruntime = "runsc"\n'
 HARD += "[agents.hard.limits]\nwall_time_s = 60\npids = 40\n"
 KERNEL = (
-    "uname -r > kernel.txt; dmesg | head -n 1 > dmesg.txt; "
+    "uname -r > kernel.txt; cat /proc/version > version.txt; dmesg > dmesg.txt 2>&1; "
     "ls -la src > listing.txt; stat -c %s src/lib.py >> listing.txt"
 )
 
@@ -92,7 +94,11 @@ async def test_the_agent_sees_gvisors_kernel_and_its_tools_work(editor: Language
     hard = await proposed_from_editor(c, "hard", KERNEL)
     kernel = (await proposed_text(c, hard, "kernel.txt")).strip()
     assert kernel and kernel != host, (kernel, host)
-    assert "gVisor" in await proposed_text(c, hard, "dmesg.txt")
+    version = await proposed_text(c, hard, "version.txt")  # gVisor's own, fixed kernel banner
+    assert "#1 SMP Sun Jan 10 15:06:54 PST 2016" in version and version != Path("/proc/version").read_text()
+    # the kernel's log is gVisor's ("Starting gVisor..."), but reading it is refused by the seccomp
+    # profile that runs inside gVisor too (--oci-seccomp), as under runc
+    assert "Operation not permitted" in await proposed_text(c, hard, "dmesg.txt")
     listing = await proposed_text(c, hard, "listing.txt")
     assert "lib.py" in listing and "mod.py" in listing and "Invalid argument" not in listing, listing
     assert listing.rstrip().endswith("\n6"), listing  # `stat` works too: "X = 1\n" is 6 bytes
@@ -114,7 +120,8 @@ async def test_both_doors_show_the_runtime_and_the_process_cap(editor: LanguageC
     assert run["container"]["runtime"] == "runsc" and run["container"]["effective"]["runtime"] == "runsc"
     ev = await command(c, "airlock.getEvidence", {"runId": run["id"]})
     assert ev["container"]["runtime"] == "runsc"
-    assert ev["resources"]["effective"]["nproc"] == 40 and not ev["resources"]["effective"]["pids_limit"]
+    assert ev["resources"]["effective"]["nproc"] == 40
+    assert ev["resources"]["effective"]["pids_limit"] == gvisor_host_tasks(40)  # the host's backstop
     code, shown, err = await cli(c, "show", run["id"])
     assert code == 0 and shown["container"]["runtime"] == "runsc", err
     code, events, err = await cli(c, "audit", "--run", run["id"])
@@ -147,3 +154,14 @@ async def test_the_process_cap_holds_inside_gvisor(editor: LanguageClient) -> No
     procs = re.search(r"procs (\d+)", out)
     assert refused and procs, out
     assert 30 <= int(refused.group(1)) < 40 and int(procs.group(1)) <= 40, out
+
+
+async def test_no_user_namespace_lets_the_agent_past_its_cap(editor: LanguageClient) -> None:
+    """Root in a user namespace of its own is not held by RLIMIT_NPROC: the container's seccomp
+    profile, applied inside gVisor (--oci-seccomp, required at admission), refuses to make one."""
+    c: Any = editor
+    probe = "unshare -Ur id 2>&1; unshare -U true 2>&1; echo done"
+    _, run, err = await cli(c, "run", "--agent", "hard", "--wait", probe)
+    assert run is not None, err
+    out = (next(Path(c.state).glob(f"*/runs/{run['id']}/output.log"))).read_text()
+    assert out.count("Operation not permitted") == 2 and "uid=0" not in out, out

@@ -167,7 +167,8 @@ class FakeSandbox:
     def runtime_refusal(self, runtime: str, *, host_sockets: bool) -> str | None:
         from airlockd.sandbox import runtimes
 
-        return runtimes.refusal({r: {} for r in self.runtimes}, runtime, host_sockets=False)
+        table = {r: {"runtimeArgs": runtimes.GVISOR_ARGS} for r in self.runtimes}  # as ensure-docker registers it
+        return runtimes.refusal(table, runtime, host_sockets=host_sockets)
 
     def attach(
         self,

@@ -18,7 +18,7 @@ from airlockd.runs.service import Service
 from airlockd.sandbox import cgroups, runtimes
 from airlockd.sandbox.base import ContainerSpec
 from airlockd.sandbox.cgroups import CgroupWatch
-from airlockd.sandbox.dockerargs import RUNTIME_LABEL, create_kwargs
+from airlockd.sandbox.dockerargs import RUNTIME_LABEL, create_kwargs, gvisor_host_tasks
 from tests.unit.fakesandbox import FakeSandbox, workspace
 
 LIMITS = Limits.model_validate({"pids": 48})
@@ -64,7 +64,8 @@ def test_runc_keeps_the_pids_cgroup_and_names_no_runtime(tmp_path: Path) -> None
 def test_runsc_caps_processes_by_nproc_inside_gvisor_not_by_the_hosts_pids_cgroup(tmp_path: Path) -> None:
     kw = create_kwargs(spec(tmp_path, runtime="runsc"))
     assert kw["runtime"] == "runsc" and kw["labels"][RUNTIME_LABEL] == "runsc"
-    assert kw["pids_limit"] is None  # a cap on the sandbox's own threads would wedge gVisor
+    # the host's cap is a backstop for gVisor's own threads, well above what the agent's cap needs
+    assert kw["pids_limit"] == gvisor_host_tasks(48) == 256 + 8 * 48
     nproc = [u for u in kw["ulimits"] if u["Name"] == "nproc"]
     assert nproc and nproc[0]["Soft"] == nproc[0]["Hard"] == 48
     # every other restriction is the same as under runc
@@ -103,12 +104,19 @@ def test_a_missing_runtime_says_how_to_register_it() -> None:
     ],
 )
 def test_the_gateway_needs_runsc_to_connect_to_host_sockets(args: list[str], ok: bool) -> None:
-    table = {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": args}}
+    table = {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": [*args, "--oci-seccomp"]}}
     why = runtimes.refusal(table, "runsc", host_sockets=True)
     assert (why is None) is ok, why
     if not ok:
         assert "--host-uds=open" in str(why) and "gateway" in str(why)
     assert runtimes.refusal(table, "runsc", host_sockets=False) is None  # no socket: no need
+
+
+@pytest.mark.parametrize("args", [["--host-uds=open"], ["--host-uds=open", "--oci-seccomp=false"]])
+def test_runsc_without_the_seccomp_profile_inside_is_refused(args: list[str]) -> None:
+    """Without --oci-seccomp an agent can unshare a user namespace in gVisor and fork past its cap."""
+    why = runtimes.refusal({"runsc": {"runtimeArgs": args}}, "runsc", host_sockets=False)
+    assert why is not None and "--oci-seccomp" in why and "user namespace" in why
 
 
 def test_admission_refuses_a_runtime_the_engine_lacks_before_anything_is_spent(tmp_path: Path) -> None:

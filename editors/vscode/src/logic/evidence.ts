@@ -37,12 +37,15 @@ function runtimeText(runtime: string): string {
   return runtime === "runsc" ? "runsc (gVisor: its own kernel between the agent and the host)" : runtime;
 }
 
-/** The process cap: the pids cgroup under runc, RLIMIT_NPROC inside gVisor's kernel under runsc. */
+/** The process cap: the pids cgroup under runc; under runsc RLIMIT_NPROC inside gVisor's kernel
+ * (the host's pids cgroup is then only a backstop for gVisor's own threads). */
 function processCap(eff: Record<string, unknown>): string {
-  if (eff["pids_limit"]) return list(eff["pids_limit"]);
   const ulimits = eff["ulimits"] as Record<string, unknown[]> | undefined;
   const nproc = ulimits?.["nproc"];
-  return Array.isArray(nproc) && nproc.length > 1 ? `${String(nproc[1])} (nproc, in gVisor)` : list(eff["pids_limit"]);
+  if (Array.isArray(nproc) && nproc.length > 1) {
+    return `${String(nproc[1])} (nproc, in gVisor; host backstop ${list(eff["pids_limit"])})`;
+  }
+  return list(eff["pids_limit"]);
 }
 
 function effective(ev: Evidence): Record<string, unknown> {

@@ -64,7 +64,8 @@ test("evidence tree: policy revision, rules hit, withheld names only, network, c
   assert.deepEqual(withheld.children!.map((c) => c.label), [".env"]);
   assert.ok(!JSON.stringify(withheld).includes("never shown"));
   const container = find(tree, "container");
-  assert.equal(container.description, "network none");
+  assert.equal(container.description, "network none · runtime runc");
+  assert.equal(find(container.children!, "runtime").description, "runc");
   assert.equal(find(container.children!, "capabilities dropped").description, "ALL");
   const res = find(tree, "resources");
   assert.equal(find(res.children!, "peak memory").description, "200 MB");
@@ -72,6 +73,17 @@ test("evidence tree: policy revision, rules hit, withheld names only, network, c
   assert.equal(find(res.children!, "memory limit").description, "1.0 GB");
   const tl = find(tree, "audit timeline");
   assert.equal(tl.children![0].label, "admission.admitted");
+});
+
+test("evidence tree: a gVisor run names its runtime and its process cap inside gVisor's kernel", () => {
+  const effective = { network_mode: "none", runtime: "runsc", pids_limit: 576, ulimits: { nproc: [40, 40] } };
+  const hard: Evidence = { ...ev, resources: { ...ev.resources!, container: { ...ev.resources!.container, runtime: "runsc", effective } } };
+  const tree = evidenceTree(hard);
+  const container = find(tree, "container");
+  assert.equal(container.description, "network none · runtime runsc");
+  assert.match(find(container.children!, "runtime").description!, /gVisor/);
+  const res = find(tree, "resources");
+  assert.equal(find(res.children!, "pids limit").description, "40 (nproc, in gVisor; host backstop 576)");
 });
 
 test("state: peaks from runStatus samples; proposals mark the run", () => {

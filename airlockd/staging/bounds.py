@@ -71,6 +71,12 @@ class Tally:
     def count(self, rel: str, st: os.stat_result) -> None:
         """Count one node; raises ChangeSetTooLarge at the first one over a bound (so a
         directory too deep is never entered, and no byte over the allowance is read)."""
+        is_file = stat.S_ISREG(st.st_mode)
+        self.count_node(rel, is_file, min(st.st_size, st.st_blocks * 512) if is_file else 0)
+
+    def count_node(self, rel: str, is_file: bool, allocated: int) -> None:
+        """`count` of a node known by its path, whether it is a regular file, and the bytes of
+        it that would be read (a stream's header, not a stat: upperdump)."""
         self.entries += 1
         if self.entries > self.max_entries:
             raise ChangeSetTooLarge(
@@ -79,8 +85,8 @@ class Tally:
         depth = rel.count("/") + 1
         if depth > self.bounds.depth and not self.known(rel.rpartition("/")[0]):
             raise ChangeSetTooLarge("change_depth", depth, self.bounds.depth)
-        if stat.S_ISREG(st.st_mode):
-            self.bytes += min(st.st_size, st.st_blocks * 512)
+        if is_file:
+            self.bytes += allocated
             if self.bytes > self.max_bytes:
                 over = self.bytes - (self.max_bytes - self.bounds.bytes)
                 raise ChangeSetTooLarge("changed_mb", over, self.bounds.bytes)

@@ -24,6 +24,7 @@ import functools
 import os
 import stat
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.fdtree import O_DIR, entry_at
 from airlockd.staging.readback import read_nodes
 from airlockd.staging.records import StagingError
+from airlockd.staging.upperdump import read_dump
 
 if TYPE_CHECKING:
     from airlockd.staging.base import Base
@@ -87,7 +89,19 @@ def inspect_upper(upper: Path, base: Base, bounds: ChangeBounds | None = None) -
     over a lower directory, what it hides); the result equals `diff(base, merged)` for the merged
     view (a file written back identical, or only touched, is no change)."""
     tally = None if bounds is None else Tally(bounds, lambda rel: base.get(rel) is not None)
-    after, whiteouts, opaque = scan_upper(upper, tally)
+    return changes(scan_upper(upper, tally), base)
+
+
+def inspect_stream(chunks: Iterable[bytes], dest: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
+    """`inspect_upper` of an upper layer this process cannot open, from the stream
+    `upperdump.DUMP` made of it where it lives; its files are written under `dest` on the way."""
+    tally = None if bounds is None else Tally(bounds, lambda rel: base.get(rel) is not None)
+    return changes(read_dump(chunks, dest, tally), base)
+
+
+def changes(scanned: tuple[Manifest, list[str], list[str]], base: Base) -> ChangeSet:
+    """The changes from `base` of an upper layer scanned as (entries, whiteouts, opaque)."""
+    after, whiteouts, opaque = scanned
     touched = set(after)
     for rel in whiteouts:
         touched.add(rel)

@@ -1,0 +1,246 @@
+"""A run's upper layer on a capped filesystem the engine holds: the growth cap without host root.
+
+Root caps what an agent may write by mounting a tmpfs on the host (staging/capfs.py). A user who
+is not root, in the `docker` group, asks the engine instead, and every privileged step is the
+engine's:
+
+- **the cap**: a tmpfs volume (`--opt type=tmpfs --opt o=size=S,nr_inodes=N`) of the run's own.
+  The engine mounts such a volume only while a container uses it, so a *holder* container (the
+  runtime image, `sleep infinity`, runc, no network, no capabilities but CAP_DAC_READ_SEARCH,
+  read-only root, no-new-privileges) keeps it mounted from before the agent starts until its
+  upper layer has been read. Its `Mountpoint` (a path on the engine's host) then carries the
+  overlay's `upper/` and `work/`, and an agent writing past the cap gets ENOSPC;
+- **the layout and the whiteouts** of paths withheld after the mirror was made: a tar put into
+  the holder (`put_archive`), which the engine extracts as root (directories with their owners
+  and modes, whiteouts as the 0/0 character devices overlayfs reads), so no `mknod` or `chown`
+  happens on the host;
+- **reading the upper layer back**: `upperdump.DUMP` run in the holder streams it out (content,
+  modes, whiteouts, opaque directories), since the volume lies under the engine's data root,
+  which only root may enter. The overlay is mounted with `userxattr` so that its opaque marks
+  are `user.overlay.opaque`, which the holder reads with no capability beyond reading files
+  (`trusted.*` would need CAP_SYS_ADMIN); an agent cannot set them itself (overlayfs refuses its
+  own xattrs through the merged view);
+- **cleanup**: removing the holder and the volume frees everything, the root-owned `work/work`
+  the kernel leaves included.
+
+Everything is named after the run and labelled with it, so a crashed run's holder and volume are
+found again (re-attach, sweep) by its id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import docker.errors
+
+from airlockd.errors import EngineError
+from airlockd.sandbox.volumes import OWNER_LABEL, RUN_LABEL
+from airlockd.staging import upperdump
+
+log = logging.getLogger(__name__)
+
+ROLE_LABEL = "airlockd.role"
+ROLE = "upper-holder"
+MOUNT = "/layers"
+#: overlayfs options for an upper layer on an engine-held tmpfs: as `overlay.OPTIONS`, with its
+#: own marks in user.* (readable by the holder without CAP_SYS_ADMIN), which requires
+#: redirect_dir=nofollow (no redirect made or followed: renaming a lower directory is EXDEV).
+OPTIONS = "metacopy=off,redirect_dir=nofollow,index=off,xino=off,nfs_export=off,userxattr"
+OPAQUE = "user.overlay.opaque"
+STDERR_KEEP = 4096
+
+
+def volume_name(run_id: str) -> str:
+    return f"airlockd-up-{run_id}"
+
+
+def holder_name(run_id: str) -> str:
+    return f"airlockd-hold-{run_id}"
+
+
+@dataclass(frozen=True)
+class HeldLayers:
+    """A run's capped filesystem as the engine holds it; paths are on the engine's host."""
+
+    run_id: str
+    mountpoint: PurePosixPath
+
+    @property
+    def upper(self) -> PurePosixPath:
+        return self.mountpoint / "upper"
+
+    @property
+    def work(self) -> PurePosixPath:
+        return self.mountpoint / "work"
+
+    def options(self, lower: str) -> str:
+        return f"lowerdir={lower},upperdir={self.upper},workdir={self.work},{OPTIONS}"
+
+
+def _engine(what: str, exc: docker.errors.DockerException) -> EngineError:
+    return EngineError(f"the engine failed {what}: {exc}", hint="check the engine (airlockd doctor)")
+
+
+def hold(
+    client: Any,
+    run_id: str,
+    *,
+    image: str,
+    size_bytes: int,
+    inodes: int,
+    owner: tuple[int, int],
+    mode: int,
+) -> HeldLayers:
+    """Create the run's capped volume, start its holder, and lay out `upper/` (owned by `owner`,
+    with `mode`: what the merged root shows) and `work/`. A leftover of an earlier attempt of the
+    same run is removed first."""
+    release(client, run_id)
+    labels = {OWNER_LABEL: "1", RUN_LABEL: run_id, ROLE_LABEL: ROLE}
+    opts = f"size={max(size_bytes, 1 << 20)},nr_inodes={max(inodes, 64)},mode=0755"
+    try:
+        client.volumes.create(
+            name=volume_name(run_id),
+            driver="local",
+            driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts},
+            labels=labels,
+        )
+        client.containers.run(
+            image,
+            ["sleep", "infinity"],
+            name=holder_name(run_id),
+            detach=True,
+            user="0:0",
+            network_mode="none",
+            cap_drop=["ALL"],
+            cap_add=["DAC_READ_SEARCH"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            runtime="runc",
+            mem_limit="64m",
+            pids_limit=32,
+            labels=labels,
+            volumes={volume_name(run_id): {"bind": MOUNT, "mode": "rw"}},
+        )
+        mountpoint = PurePosixPath(client.api.inspect_volume(volume_name(run_id))["Mountpoint"])
+    except docker.errors.DockerException as exc:
+        release(client, run_id)
+        raise _engine(f"to hold the capped upper layer of run {run_id}", exc) from None
+    held = HeldLayers(run_id, mountpoint)
+    _put(client, held, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
+    return held
+
+
+def place(client: Any, held: HeldLayers, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
+    """Put into the upper layer, before the agent starts, the directories `dirs` (path under
+    `upper/`, owner, mode: the lower's, for copied-up parents) and a whiteout at each of
+    `whiteouts`, so those paths are absent from the merged view."""
+    nodes = [(f"upper/{rel}", "dir", owner, mode) for rel, owner, mode in dirs]
+    nodes += [(f"upper/{rel}", "whiteout", (0, 0), 0) for rel in whiteouts]
+    _put(client, held, nodes)
+
+
+def _put(client: Any, held: HeldLayers, nodes: list[tuple[str, str, tuple[int, int], int]]) -> None:
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, kind, (uid, gid), mode in nodes:
+            ti = tarfile.TarInfo(name)
+            ti.type = tarfile.DIRTYPE if kind == "dir" else tarfile.CHRTYPE
+            ti.mode, ti.uid, ti.gid, ti.mtime = mode, uid, gid, now
+            ti.devmajor = ti.devminor = 0
+            tf.addfile(ti)
+    try:
+        ok = client.api.put_archive(holder_name(held.run_id), MOUNT, buf.getvalue())
+    except docker.errors.DockerException as exc:
+        raise _engine(f"to lay out the upper layer of run {held.run_id}", exc) from None
+    if not ok:
+        raise EngineError(f"the engine refused the layout of run {held.run_id}'s upper layer")
+
+
+def _exec(client: Any, run_id: str, argv: list[str]) -> Iterator[bytes]:
+    """Stream the standard output of `argv` run in the run's holder; an error with its
+    standard error when it fails."""
+    try:
+        exec_id = client.api.exec_create(holder_name(run_id), argv, user="0:0", stdout=True, stderr=True)["Id"]
+        frames = client.api.exec_start(exec_id, stream=True, demux=True)
+    except docker.errors.DockerException as exc:
+        raise _engine(f"to read the upper layer of run {run_id}", exc) from None
+    err = b""
+    for out, stderr in frames:
+        if stderr and len(err) < STDERR_KEEP:
+            err += stderr[: STDERR_KEEP - len(err)]
+        if out:
+            yield out
+    code = client.api.exec_inspect(exec_id).get("ExitCode")
+    if code != 0:
+        text = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise EngineError(f"reading the upper layer of run {run_id} failed (exit {code}): {' / '.join(text)}")
+
+
+def dump(client: Any, held: HeldLayers) -> Iterator[bytes]:
+    """The upper layer as `upperdump.read_dump` reads it. Closing the iterator early (a bound
+    was met) leaves the program to end when the holder goes."""
+    return _exec(client, held.run_id, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/upper", OPAQUE])
+
+
+def used(client: Any, held: HeldLayers) -> tuple[int, int]:
+    """(bytes, inodes) in use on the run's capped filesystem, as its kernel counts them."""
+    prog = f"import os; s = os.statvfs({MOUNT!r}); print((s.f_blocks - s.f_bfree) * s.f_frsize, s.f_files - s.f_ffree)"
+    out = b"".join(_exec(client, held.run_id, ["python3", "-I", "-c", prog])).split()
+    return int(out[0]), int(out[1])
+
+
+def find(client: Any, run_id: str) -> HeldLayers | None:
+    """The run's held layers if its holder still runs (after a crash of the process that made
+    them): its volume's mount point; None when there is none to find."""
+    try:
+        c = client.containers.get(holder_name(run_id))
+        if c.status != "running":
+            return None
+        return HeldLayers(run_id, PurePosixPath(client.api.inspect_volume(volume_name(run_id))["Mountpoint"]))
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.DockerException as exc:
+        raise _engine(f"to find the upper layer of run {run_id}", exc) from None
+
+
+def release(client: Any, run_id: str) -> None:
+    """Remove the run's holder and its volume (everything the agent wrote with them); no-op for
+    what is already gone. Logs what the engine refuses."""
+    with contextlib.suppress(docker.errors.NotFound):
+        try:
+            client.api.remove_container(holder_name(run_id), force=True)
+        except docker.errors.DockerException as exc:
+            log.error("cannot remove the holder of run %s: %s", run_id, exc)
+    with contextlib.suppress(docker.errors.NotFound):
+        try:
+            client.api.remove_volume(volume_name(run_id), force=True)
+        except docker.errors.DockerException as exc:
+            log.error("cannot remove the capped volume of run %s: %s", run_id, exc)
+
+
+def sweep(client: Any, is_live: Callable[[str], bool]) -> list[str]:
+    """Release the held layers of every run that is not live; the runs released."""
+    gone: list[str] = []
+    try:
+        holders = client.api.containers(all=True, filters={"label": f"{ROLE_LABEL}={ROLE}"})
+        vols = client.api.volumes(filters={"label": f"{ROLE_LABEL}={ROLE}"}).get("Volumes") or []
+    except docker.errors.DockerException as exc:
+        log.error("cannot list held upper layers: %s", exc)
+        return gone
+    runs = {c.get("Labels", {}).get(RUN_LABEL) for c in holders} | {
+        (v.get("Labels") or {}).get(RUN_LABEL) for v in vols
+    }
+    for run_id in sorted(r for r in runs if r):
+        if not is_live(run_id):
+            release(client, run_id)
+            gone.append(run_id)
+    return gone

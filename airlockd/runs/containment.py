@@ -15,13 +15,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from airlockd.errors import AirlockError
 from airlockd.policy import Limits
 from airlockd.records import LimitHit
 from airlockd.sandbox.base import ExitInfo, Sandbox
-from airlockd.staging import capfs
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class RunMonitor:
         run_id: str,
         limits: Limits,
         *,
-        staging: Path,
+        used_bytes: Callable[[], int | None],
         staged_bytes: int,
         tokens_left: int | None,
         publish: Callable[[dict[str, Any]], None],
@@ -65,7 +64,7 @@ class RunMonitor:
         self.sandbox = sandbox
         self.run_id = run_id
         self.limits = limits
-        self.staging = staging
+        self.used_bytes = used_bytes  # what the capped filesystem holds now; None: not capped
         self.staged_bytes = staged_bytes
         self.tokens_left = tokens_left
         self.publish = publish
@@ -76,6 +75,7 @@ class RunMonitor:
         self.output_bytes = 0
         self.tokens = 0
         self.growth_bytes = 0
+        self.capped = False  # whether a sample found the capped filesystem
         self.token_hit = False
         self._partial = b""
         self._lock = threading.Lock()
@@ -132,8 +132,14 @@ class RunMonitor:
         self._sample_growth()
 
     def _sample_growth(self) -> None:
-        if capfs.is_mount(self.staging):
-            self.growth_bytes = max(self.growth_bytes, capfs.used_bytes(self.staging) - self.staged_bytes)
+        try:
+            used = self.used_bytes()
+        except AirlockError as exc:  # the engine that holds it did not answer: the next sample may
+            log.warning("cannot measure the growth of run %s: %s", self.run_id, exc)
+            return
+        if used is not None:
+            self.capped = True
+            self.growth_bytes = max(self.growth_bytes, used - self.staged_bytes)
 
     def _loop(self) -> None:
         while not self._done.wait(SAMPLE_INTERVAL_S):
@@ -207,11 +213,11 @@ class RunMonitor:
                 source="bytes read from the stream",
             )
         cap = lim.workspace_growth_mb * 2**20
-        if capfs.is_mount(self.staging) and self.growth_bytes >= cap - (1 << 20):
+        if self.capped and self.growth_bytes >= cap - (1 << 20):
             return LimitHit(
                 limit="workspace_growth",
                 measured=self.growth_bytes,
                 allowed=cap,
-                source="statvfs of the capped staging filesystem",
+                source="statvfs of the capped staging filesystem (on the host, or in the engine's holder)",
             )
         return None

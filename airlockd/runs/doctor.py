@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd.sandbox import runtimes, volumes
+from airlockd.sandbox import layers, runtimes, volumes
 from airlockd.sandbox.base import OverlayVolume
 from airlockd.staging import capfs, stagers
+from airlockd.staging.upperdump import read_dump
 
 Check = dict[str, Any]
 
@@ -101,16 +102,29 @@ def run_checks(workspace: Path) -> list[Check]:
         )
     )
 
+    held_probe: dict[str, str | None] = {}
+
     def staging() -> str:
+        from airlockd.sandbox.image import image_tag
         from airlockd.state import StateDir
 
         root = StateDir.for_workspace(workspace).ensure().root
-        stager = stagers.choose(root)
-        if stager.name == stagers.OVERLAY and client is not None:  # the engine must mount its layers
-            from airlockd.sandbox.image import image_tag
-
-            if refused := engine_refuses(client, root, image_tag()):
-                return f"{stagers.CopyStager.summary}: the engine refused an overlay volume: {refused}"
+        held = None
+        if client is not None and capfs.available() is not None:
+            held = layers.EngineUpper(client, image_tag())
+        stager = stagers.choose(root, held)
+        if stager.name == stagers.OVERLAY and held is not None:  # the engine holds its upper layer
+            held_probe["refused"] = refused = held_refuses(client, root, image_tag())
+            if refused:
+                return f"{stagers.CopyStager.summary}: the engine could not hold a capped upper layer: {refused}"
+        elif (
+            stager.name == stagers.OVERLAY
+            and client is not None
+            and (refused := engine_refuses(client, root, image_tag()))
+        ):
+            return (
+                f"{stagers.CopyStager.summary}: the engine refused an overlay volume: {refused}"  # it must mount them
+            )
         return f"{stager.summary}: {stager.why}"
 
     checks.append(_check("stager", staging, "unset AIRLOCK_STAGER, or run airlockd as root on a kernel with overlayfs"))
@@ -143,11 +157,23 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def growth_cap() -> str:
-        if why := capfs.available():
-            raise RuntimeError(f"workspace growth is not capped: {why}")
-        return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
+        if (why := capfs.available()) is None:
+            return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
+        if "refused" in held_probe and held_probe["refused"] is None:
+            return (
+                "each run's upper layer is a size-capped tmpfs the engine holds (workspace_growth_mb);"
+                " checked: a probe writing past its cap stopped at ENOSPC"
+            )
+        refused = held_probe.get("refused") or "the engine cannot hold one (a remote engine, or none answers)"
+        raise RuntimeError(f"workspace growth is not capped: {why}, and {refused}")
 
-    checks.append(_check("workspace growth cap", growth_cap, "run airlockd as root so it can mount capped filesystems"))
+    checks.append(
+        _check(
+            "workspace growth cap",
+            growth_cap,
+            "use a local engine (the user in the docker group) so it can hold capped filesystems, or run as root",
+        )
+    )
 
     def detectors() -> str:
         from airlockd.staging import prefilter
@@ -208,6 +234,53 @@ def container_runtimes(client: Any, workspace: Path) -> str:
         raise RuntimeError(f"under runsc the runtime image cannot list a directory: {' '.join(lines)[:200]}")
     args = " ".join((table[runtimes.GVISOR] or {}).get("runtimeArgs") or [])
     return detail + f"; runsc probe: gVisor kernel {lines[0]} inside, directories list (runtimeArgs: {args})"
+
+
+def held_refuses(client: Any, state_root: Path, image: str) -> str | None:
+    """The way a run without root is staged, tried small: a capped upper layer the engine holds,
+    a whiteout laid by the engine, a container on the overlay that reads, writes and fills the
+    cap, and the upper layer read back. None when all of it works, else what did not."""
+    probe = state_root / f".engine-probe-{uuid.uuid4().hex[:8]}"
+    lower = probe / "lower"
+    lower.mkdir(parents=True)
+    (lower / "probe").write_text("lower\n")
+    (lower / "hidden").write_text("hidden\n")
+    run_id = "doctor-" + probe.name[-8:]
+    held = layers.EngineUpper(client, image)
+    me = (os.getuid(), os.getgid())
+    script = (
+        "cat /w/hidden 2>/dev/null && echo SEEN; cat /w/probe >/dev/null && echo upper > /w/written;"
+        " dd if=/dev/zero of=/w/fill bs=64k count=64 2>&1 | grep -o 'No space left' | head -n 1"
+    )
+    try:
+        upper, work = held.hold(run_id, 1 << 20, 256, me, 0o755)
+        held.place(run_id, [], ["hidden"])
+        lay = stagers.Layout(lower, Path(upper), Path(work), probe, held.options)
+        volumes.create(client, run_id, OverlayVolume(lay.lower, lay.upper, lay.work, lay.options))
+        try:
+            out = client.containers.run(
+                image,
+                ["sh", "-c", script],
+                volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
+                network_mode="none",
+                user=f"{me[0]}:{me[1]}",
+                remove=True,
+            ).decode(errors="replace")
+        finally:
+            volumes.remove(client, run_id)
+        after, whiteouts, _ = read_dump(held.dump(run_id), None)
+        if "SEEN" in out or whiteouts != ["hidden"]:
+            return "a whiteout laid through the engine did not hide its path"
+        if "No space left" not in out:
+            return "a write past the cap did not stop at ENOSPC"
+        if "written" not in after:
+            return "the container's write did not reach the upper layer"
+        return None
+    except Exception as exc:  # the engine's words are the report
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    finally:
+        held.release(run_id)
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 def engine_refuses(client: object, state_root: Path, image: str) -> str | None:

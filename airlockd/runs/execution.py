@@ -21,7 +21,7 @@ from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
-from airlockd.staging.base import StageRequest
+from airlockd.staging.base import HeldUpper, StageRequest
 from airlockd.staging.mirror import MirrorView, RefreshStats, mirror_for, policy_digest
 from airlockd.staging.records import StageResult, Withheld
 
@@ -43,12 +43,13 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     rec = svc.lifecycle.transition(rec, RunState.STAGING)
     progress("staging", "copying the workspace without withheld files")
     run_dir = svc.state.run_dir(rec.id)
-    capped = capfs.available() is None
+    held = held_upper(svc, rec.agent)
+    stager = stagers.choose(svc.state.root, held)
+    capped = capfs.available() is None or (held is not None and stager.name == stagers.OVERLAY)
     if not capped:
         svc.audit.append(
             "stage.growth_uncapped", run=rec.id, agent=rec.agent, policy=rec.policy_revision, why=capfs.available()
         )
-    stager = stagers.choose(svc.state.root)
     clearance = svc.policy.clearance_for(rec.agent)
 
     def refresh() -> MirrorView:
@@ -77,6 +78,8 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             capped=capped,
             refresh=refresh,
             screen=lambda tree, result, hide: screening.classify_labels(svc, rec, tree, result, hide=hide),
+            run_id=rec.id,
+            held=held,
         )
     )
     result = staged.result
@@ -108,6 +111,26 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     return svc.store.update_run(rec.id, record)
 
 
+def held_upper(svc: Service, agent: str) -> HeldUpper | None:
+    """The engine's holder of capped upper layers when this process cannot mount one (not
+    root) and the engine can serve the run's overlay; else None."""
+    if capfs.available() is None:
+        return None
+    return svc.sandbox.held_upper(svc.image_for(agent), str(svc.workspace))
+
+
+def used_bytes(svc: Service, rec: RunRecord) -> Callable[[], int | None]:
+    """What the run's capped filesystem holds now (None: it has none), for the monitor."""
+    run_dir = svc.state.run_dir(rec.id)
+    staging = run_dir / "staging"
+    if stagers.held_run(run_dir):
+        held = held_upper(svc, rec.agent)
+        if held is None:
+            return lambda: None
+        return lambda: held.used(rec.id)[0]
+    return lambda: capfs.used_bytes(staging) if capfs.is_mount(staging) else None
+
+
 _PREPARED = "mirror-view.json"
 
 
@@ -119,7 +142,7 @@ def prepare_view(svc: Service, run_id: str) -> None:
     keeper = svc.keeper
     if keeper is None or keeper.why is not None or screening.labels_on(svc):
         return  # the run's process walks (a label classifier needs the whole base manifest)
-    if not stagers.choose(svc.state.root).uses_mirror:
+    if not stagers.choose(svc.state.root, held_upper(svc, rec.agent)).uses_mirror:
         return
     clearance = svc.policy.clearance_for(rec.agent)
     view = keeper.refresh(
@@ -229,7 +252,7 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         svc.sandbox,
         rec.id,
         cfg.limits,
-        staging=run_dir / "staging",
+        used_bytes=used_bytes(svc, rec),
         staged_bytes=rec.staged_bytes,
         tokens_left=max(0, budget - usage.tokens_used) if budget else None,
         publish=_publisher(svc, rec),

@@ -15,11 +15,13 @@ from airlockd.pipeline.classify import Secret, classify
 from airlockd.pipeline.manifest import Change, Entry
 from airlockd.policy import Decision, Mode
 from airlockd.records import FileReview, FileState, LimitHit, RunRecord, RunState
-from airlockd.runs import screening
+from airlockd.runs import execution, screening
 from airlockd.runs.content import find_secrets_in, hidden_in
 from airlockd.runs.execution import count_violation
 from airlockd.staging import stagers
+from airlockd.staging.base import Base
 from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
+from airlockd.staging.records import StagingError
 from airlockd.staging.secretscan import policy_scanner
 from airlockd.staging.withheld import learn as learn_withheld
 
@@ -33,8 +35,10 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     run_dir = svc.state.run_dir(rec.id)
     stager = stagers.for_run(run_dir)
     base = stager.base(run_dir)  # the lower layer (overlay), or the saved manifest (copy)
+    bounds = ChangeBounds.of(svc.policy.agent(rec.agent).limits)
     try:  # from the upper layer, or a full rescan; stopped at the policy's bounds
-        changes = stager.inspect(run_dir, base, ChangeBounds.of(svc.policy.agent(rec.agent).limits))
+        read_back(svc, rec, base, bounds)
+        changes = stager.inspect(run_dir, base, bounds)
     except ChangeSetTooLarge as over:
         return _too_large(svc, rec, over)
     withheld = {w["path"] for w in rec.withheld}
@@ -99,6 +103,21 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
         if auto:
             rec = svc.review.approve(rec.id, auto, actor="policy:auto-mode", allow_conflict=True).run
     return svc.lifecycle.settle(rec.id)
+
+
+def read_back(svc: Service, rec: RunRecord, base: Base, bounds: ChangeBounds) -> None:
+    """An upper layer the engine held comes back into the run's folder (once), streamed and
+    counted against `bounds`; the engine then lets go of it, whatever happened."""
+    run_dir = svc.state.run_dir(rec.id)
+    if not stagers.held_run(run_dir):
+        return
+    held = execution.held_upper(svc, rec.agent)
+    if held is None:
+        raise StagingError(f"run {rec.id}'s upper layer is held by an engine this process cannot reach")
+    try:
+        stagers.read_back(run_dir, held.dump(rec.id), base, bounds)
+    finally:
+        held.release(rec.id)
 
 
 def _classify_summary(svc: Service, rec: RunRecord, rest: Mapping[tuple[str, str], int]) -> None:

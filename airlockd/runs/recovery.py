@@ -17,6 +17,7 @@ from airlockd.pipeline.commit import recover
 from airlockd.records import LIVE_STATES, RunRecord, RunState
 from airlockd.runs import execution
 from airlockd.staging import capfs, stagers
+from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge
 
 if TYPE_CHECKING:
     from airlockd.runs.service import Service
@@ -169,6 +170,9 @@ def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
     `staging.dropped` in the run's folder and the audit trail say how large it was."""
     staging = svc.state.run_dir(rec.id) / "staging"
     stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    if stagers.held_run(staging.parent):
+        _keep_held(svc, rec)
+        return
     if not capfs.is_mount(staging):
         return
     limits = svc.policy.agent(rec.agent).limits
@@ -195,10 +199,39 @@ def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
     kept.rename(staging)
 
 
+def _keep_held(svc: Service, rec: RunRecord) -> None:
+    """`keep_for_inspection` of an upper layer the engine held: read back into the run's folder
+    within the policy's change-set bounds (a larger one is dropped, and said so), then let go."""
+    run_dir = svc.state.run_dir(rec.id)
+    held = execution.held_upper(svc, rec.agent)
+    if held is None:
+        return
+    try:
+        stager = stagers.for_run(run_dir)
+        stagers.read_back(
+            run_dir, held.dump(rec.id), stager.base(run_dir), ChangeBounds.of(svc.policy.agent(rec.agent).limits)
+        )
+    except ChangeSetTooLarge as over:
+        why = f"{over}: not read back from the engine for inspection"
+        svc.audit.append(
+            "stage.dropped", run=rec.id, agent=rec.agent, policy=rec.policy_revision,
+            entries=over.measured if over.limit == "changed_files" else 0,
+            bytes=over.measured if over.limit == "changed_mb" else 0, why=why,
+        )  # fmt: skip
+        shutil.rmtree(run_dir / "staging" / "upper", ignore_errors=True)
+        (run_dir / "staging.dropped").write_text(why + "\n")
+    except AirlockError as exc:
+        log.warning("the upper layer of run %s could not be kept for inspection: %s", rec.id, exc.message)
+    finally:
+        held.release(rec.id)
+
+
 def cleanup_staging(svc: Service, rec: RunRecord) -> None:
     """Drop a finished run's staging copy (and its capped filesystem)."""
     staging = svc.state.run_dir(rec.id) / "staging"
     stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
+    if stagers.held_run(staging.parent) and (held := execution.held_upper(svc, rec.agent)) is not None:
+        held.release(rec.id)
     if capfs.is_mount(staging):
         capfs.unmount(staging)
     shutil.rmtree(staging, ignore_errors=True)

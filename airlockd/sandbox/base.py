@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from airlockd.policy import Limits
+
+if TYPE_CHECKING:
+    from airlockd.staging.base import HeldUpper
 
 #: Where the agent's standard-input file is mounted (read-only) inside the container.
 STDIN_PATH = "/run/airlock/stdin"
@@ -148,6 +151,12 @@ class Sandbox(Protocol):
 
     def labelled_runs(self, workspace: str) -> list[str]:
         """Run ids of every container this sandbox started for `workspace`, running or not."""
+        ...
+
+    def held_upper(self, image: str, workspace: str) -> HeldUpper | None:
+        """The engine's way of holding capped upper layers (holder containers of `image`,
+        labelled with `workspace`), for a process that cannot mount them; None when this engine
+        cannot serve the run's overlay (its paths are not this machine's)."""
         ...
 
     def reap(self, run_id: str) -> int:

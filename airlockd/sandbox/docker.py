@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import cgroups, runtimes, volumes
+from airlockd.sandbox import cgroups, layers, runtimes, volumes
 from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
 from airlockd.sandbox.dockerargs import RUN_LABEL, RUNTIME_LABEL, create_kwargs
 
@@ -278,13 +279,23 @@ class DockerSandbox:
         return any(c.status == "running" for c in found)
 
     def reap(self, run_id: str) -> int:
-        """Force-remove every container labelled with the run (running or not)."""
+        """Force-remove every container labelled with the run (running or not), and the capped
+        upper layer the engine held for it."""
         found = self._find(run_id)
         for c in found:
             with _engine(f"removing the container of run {run_id}"), contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)
         volumes.remove_labelled(self.client, run_id)
+        layers.release(self.client, run_id)
         return len(found)
+
+    def held_upper(self, image: str, workspace: str) -> layers.EngineUpper | None:
+        """Holder containers on this engine, when it runs on this machine (a Unix socket): the
+        overlay's lower layer is a path here. A remote engine gets None (not yet supported)."""
+        host = os.environ.get("DOCKER_HOST", "")
+        if host and not host.startswith("unix://"):
+            return None
+        return layers.EngineUpper(self.client, image, {"airlockd.workspace": workspace})
 
     def stats(self, run_id: str) -> dict[str, float] | None:
         """One sample (takes about a second): cpu_pct, mem_bytes, pids. None if not running."""
@@ -376,7 +387,7 @@ class DockerSandbox:
             found = self.client.containers.list(
                 all=True, filters={"label": f"airlockd.workspace={workspace}"}, ignore_removed=True
             )
-        return sorted({c.labels.get(RUN_LABEL, "") for c in found} - {""})
+        return sorted({c.labels.get(RUN_LABEL) or c.labels.get(layers.HELD_LABEL, "") for c in found} - {""})
 
     def _find(self, run_id: str) -> list[Container]:
         with _engine(f"looking up run {run_id}"):

@@ -52,11 +52,12 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         )
     if not spec.argv:
         raise UsageError(f"run {spec.run_id}: empty command", hint="give the agent a command")
-    if not spec.workspace.is_absolute() or not spec.workspace.is_dir():
-        raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
-    mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
-    if spec.workspace_overlay is not None:
+    if spec.workspace_overlay is not None:  # the engine mounts it: no path here to check
         mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False)]
+    elif not spec.workspace.is_absolute() or not spec.workspace.is_dir():
+        raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
+    else:
+        mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
     argv = list(spec.argv)
     if spec.stdin_file is not None:
         if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():

@@ -29,7 +29,6 @@ found again (re-attach, sweep) by its id.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import tarfile
@@ -42,13 +41,14 @@ from typing import Any
 import docker.errors
 
 from airlockd.errors import EngineError
-from airlockd.sandbox.volumes import OWNER_LABEL, RUN_LABEL
+from airlockd.sandbox.volumes import OWNER_LABEL
 from airlockd.staging import upperdump
 
 log = logging.getLogger(__name__)
 
 ROLE_LABEL = "airlockd.role"
 ROLE = "upper-holder"
+HELD_LABEL = "airlockd.held-for"  # not the run label: the holder is no container of the agent's
 MOUNT = "/layers"
 #: overlayfs options for an upper layer on an engine-held tmpfs: as `overlay.OPTIONS`, with its
 #: own marks in user.* (readable by the holder without CAP_SYS_ADMIN), which requires
@@ -98,12 +98,13 @@ def hold(
     inodes: int,
     owner: tuple[int, int],
     mode: int,
+    labels: dict[str, str] | None = None,
 ) -> HeldLayers:
     """Create the run's capped volume, start its holder, and lay out `upper/` (owned by `owner`,
     with `mode`: what the merged root shows) and `work/`. A leftover of an earlier attempt of the
     same run is removed first."""
     release(client, run_id)
-    labels = {OWNER_LABEL: "1", RUN_LABEL: run_id, ROLE_LABEL: ROLE}
+    labels = {**(labels or {}), OWNER_LABEL: "1", HELD_LABEL: run_id, ROLE_LABEL: ROLE}
     opts = f"size={max(size_bytes, 1 << 20)},nr_inodes={max(inodes, 64)},mode=0755"
     try:
         client.volumes.create(
@@ -215,16 +216,18 @@ def find(client: Any, run_id: str) -> HeldLayers | None:
 def release(client: Any, run_id: str) -> None:
     """Remove the run's holder and its volume (everything the agent wrote with them); no-op for
     what is already gone. Logs what the engine refuses."""
-    with contextlib.suppress(docker.errors.NotFound):
-        try:
-            client.api.remove_container(holder_name(run_id), force=True)
-        except docker.errors.DockerException as exc:
-            log.error("cannot remove the holder of run %s: %s", run_id, exc)
-    with contextlib.suppress(docker.errors.NotFound):
-        try:
-            client.api.remove_volume(volume_name(run_id), force=True)
-        except docker.errors.DockerException as exc:
-            log.error("cannot remove the capped volume of run %s: %s", run_id, exc)
+    try:
+        client.api.remove_container(holder_name(run_id), force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.DockerException as exc:
+        log.error("cannot remove the holder of run %s: %s", run_id, exc)
+    try:
+        client.api.remove_volume(volume_name(run_id), force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.DockerException as exc:
+        log.error("cannot remove the capped volume of run %s: %s", run_id, exc)
 
 
 def sweep(client: Any, is_live: Callable[[str], bool]) -> list[str]:
@@ -236,11 +239,51 @@ def sweep(client: Any, is_live: Callable[[str], bool]) -> list[str]:
     except docker.errors.DockerException as exc:
         log.error("cannot list held upper layers: %s", exc)
         return gone
-    runs = {c.get("Labels", {}).get(RUN_LABEL) for c in holders} | {
-        (v.get("Labels") or {}).get(RUN_LABEL) for v in vols
+    runs = {c.get("Labels", {}).get(HELD_LABEL) for c in holders} | {
+        (v.get("Labels") or {}).get(HELD_LABEL) for v in vols
     }
     for run_id in sorted(r for r in runs if r):
         if not is_live(run_id):
             release(client, run_id)
             gone.append(run_id)
     return gone
+
+
+class EngineUpper:
+    """`staging.base.HeldUpper` through one engine client: the capped upper layers of runs,
+    each held by a holder container of `image` (the runtime image: it has the python3 `dump`
+    and `used` run)."""
+
+    options = OPTIONS
+
+    def __init__(self, client: Any, image: str, labels: dict[str, str] | None = None) -> None:
+        self.client, self.image, self.labels = client, image, labels or {}
+
+    def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
+        held = hold(
+            self.client, run_id, image=self.image, size_bytes=size_bytes, inodes=inodes, owner=owner, mode=mode,
+            labels=self.labels,
+        )  # fmt: skip
+        return str(held.upper), str(held.work)
+
+    def _held(self, run_id: str) -> HeldLayers:
+        found = find(self.client, run_id)
+        if found is None:
+            raise EngineError(
+                f"the capped upper layer of run {run_id} is gone from the engine (its holder container"
+                f" {holder_name(run_id)} is not running)",
+                hint="the run cannot be inspected; start it again",
+            )
+        return found
+
+    def place(self, run_id: str, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
+        place(self.client, self._held(run_id), dirs, whiteouts)
+
+    def used(self, run_id: str) -> tuple[int, int]:
+        return used(self.client, self._held(run_id))
+
+    def dump(self, run_id: str) -> Iterator[bytes]:
+        return dump(self.client, self._held(run_id))
+
+    def release(self, run_id: str) -> None:
+        release(self.client, run_id)

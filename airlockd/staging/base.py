@@ -7,7 +7,7 @@ lower layer, a per-run upper layer) and the full copy. `stagers.choose()` picks 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +27,35 @@ if TYPE_CHECKING:
 Screen = Callable[[Path, StageResult, "Callable[[str], None] | None"], None]
 
 
+class HeldUpper(Protocol):
+    """A run's upper layer on a capped filesystem the container engine holds, for a process that
+    cannot mount one on the host (not root; sandbox/layers.py). Paths it gives are on the
+    engine's host; every call names the run."""
+
+    options: str  # overlayfs options that go with such an upper layer (after lower/upper/work)
+
+    def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
+        """Create the capped filesystem with `upper/` (owned by `owner`, with `mode`) and `work/`;
+        their paths on the engine's host."""
+        ...
+
+    def place(self, run_id: str, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
+        """Put directories (path, owner, mode) and whiteouts into the upper layer."""
+        ...
+
+    def used(self, run_id: str) -> tuple[int, int]:
+        """(bytes, inodes) in use on the capped filesystem."""
+        ...
+
+    def dump(self, run_id: str) -> Iterator[bytes]:
+        """The upper layer as `upperdump.read_dump` reads it."""
+        ...
+
+    def release(self, run_id: str) -> None:
+        """Remove the capped filesystem and all it holds; no-op when it is gone."""
+        ...
+
+
 @dataclass
 class StageRequest:
     """What staging one run needs from the lifecycle."""
@@ -41,6 +70,8 @@ class StageRequest:
     capped: bool  # whether the staging lives on a size-capped tmpfs (staging/capfs.py)
     refresh: Callable[[], MirrorView]  # the mirror refreshed and referenced for the run (overlay)
     screen: Screen
+    run_id: str = ""
+    held: HeldUpper | None = None  # the engine holds the capped upper layer (not root)
 
 
 @dataclass

@@ -22,21 +22,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airlockd.pipeline.manifest import ChangeSet, Kind, Manifest, load_manifest, save_manifest
+from airlockd.fsutil import atomic_write_bytes
+from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest, save_manifest
 from airlockd.staging import capfs, gitcopy, overlay
-from airlockd.staging.base import Base, Staged, Stager, StageRequest
-from airlockd.staging.bounds import ChangeBounds
+from airlockd.staging.base import Base, HeldUpper, Staged, Stager, StageRequest
+from airlockd.staging.bounds import ChangeBounds, Tally
 from airlockd.staging.copy import stage as copy_stage
 from airlockd.staging.mirror import Mirror, MirrorView
 from airlockd.staging.readback import inspect
 from airlockd.staging.records import StageResult, StagingError
 from airlockd.staging.runbase import LowerBase, ManifestBase
 from airlockd.staging.treedigest import SCHEME, TreeDigest
+from airlockd.staging.upperdump import read_dump
 
 OVERLAY = "overlay"
 COPY = "copy"
@@ -45,14 +48,19 @@ _META = "stager.json"
 _HIDDEN = "hidden.jsonl"
 
 
-def choose(state_root: Path) -> Stager:
-    """The stager for the next run with state under `state_root` (its `why` says why)."""
+def choose(state_root: Path, held: HeldUpper | None = None) -> Stager:
+    """The stager for the next run with state under `state_root` (its `why` says why); `held`:
+    the engine can hold a capped upper layer, which serves when this process cannot mount one
+    (not root)."""
     forced = os.environ.get(ENV, "").strip().lower()
     if forced not in ("", OVERLAY, COPY):
         raise StagingError(f"{ENV}={forced!r} is not a stager", hint=f"use {ENV}=overlay or {ENV}=copy, or unset it")
     if forced == COPY:
         return CopyStager(f"forced by {ENV}=copy")
     why = overlay.unavailable(state_root)
+    if why and held is not None and os.geteuid() != 0 and not overlay.unsuitable_path(state_root):
+        held_why = "not root: the engine mounts the overlay and holds the capped upper layer"
+        return OverlayStager(f"forced by {ENV}=overlay; {held_why}" if forced else held_why)
     if forced == OVERLAY:
         if why:
             raise StagingError(f"{ENV}=overlay, but overlay staging is unavailable: {why}")
@@ -71,25 +79,28 @@ def for_run(run_dir: Path) -> Stager:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one overlay run's layers are (all on the run's capped tmpfs but `lower`)."""
+    """Where one overlay run's layers are: all on the run's capped tmpfs but `lower` (the upper
+    and work directories are paths on the engine's host when the engine holds them)."""
 
     lower: Path
     upper: Path
     work: Path
+    staging: Path  # the run's own `staging/` here, where the record of hidden paths is
+    tail: str = overlay.OPTIONS
 
     @property
     def options(self) -> str:
-        return overlay.options(self.lower, self.upper, self.work)
+        return f"lowerdir={self.lower},upperdir={self.upper},workdir={self.work},{self.tail}"
 
     @property
     def hidden(self) -> Path:
         """The record of the paths `hide()` took out of the base (JSON strings, one a line),
         beside the layers, where the agent cannot reach it."""
-        return self.upper.parent / _HIDDEN
+        return self.staging / _HIDDEN
 
 
 def layout(staging: Path, lower: Path) -> Layout:
-    return Layout(lower, staging / "upper", staging / "work")
+    return Layout(lower, staging / "upper", staging / "work", staging)
 
 
 def prepare(lay: Layout, owner: tuple[int, int] | None) -> None:
@@ -121,11 +132,51 @@ def hide(lay: Layout, rel: str) -> None:
     os.mknod(lay.upper / rel, stat.S_IFCHR | 0o000, os.makedev(0, 0))
 
 
-def write_meta(run_dir: Path, stager: str, why: str, view: MirrorView | None = None) -> None:
+def write_meta(
+    run_dir: Path, stager: str, why: str, view: MirrorView | None = None, *, held: Layout | None = None
+) -> None:
     meta: dict[str, object] = {"stager": stager, "why": why}
     if view is not None:
         meta.update(lower=str(view.tree), generation=view.generation, mirror=str(view.tree.parent))
+    if held is not None:
+        meta["held"] = {"upper": str(held.upper), "work": str(held.work), "options": held.tail}
     (run_dir / _META).write_text(json.dumps(meta))
+
+
+def held_run(run_dir: Path) -> bool:
+    """Whether the run's upper layer was held by the engine (read back at inspection)."""
+    return isinstance(meta(run_dir).get("held"), dict)
+
+
+_SCAN = "upper.scan.json"
+
+
+def read_back(run_dir: Path, chunks: Iterable[bytes], base: Base, bounds: ChangeBounds | None) -> None:
+    """Read an engine-held upper layer, streamed as `chunks` (`HeldUpper.dump`), into the run's
+    `staging/upper` (what a proposal reads) and keep its scan for `inspect`. Counted against
+    `bounds` as it streams (ChangeSetTooLarge at the first node over one). Once only: a run read
+    back already is left as it is."""
+    staging = run_dir / "staging"
+    if (staging / _SCAN).exists():
+        return
+    upper = staging / "upper"
+    if upper.exists():  # a read cut short before (a crash): start again
+        shutil.rmtree(upper)
+    tally = None if bounds is None else Tally(bounds, lambda rel: base.get(rel) is not None)
+    after, whiteouts, opaque = read_dump(chunks, upper, tally)
+    doc = {"after": {p: e.to_json() for p, e in after.items()}, "whiteouts": whiteouts, "opaque": opaque}
+    atomic_write_bytes(staging / _SCAN, json.dumps(doc).encode())
+
+
+def load_scan(run_dir: Path) -> tuple[Manifest, list[str], list[str]]:
+    try:
+        doc = json.loads((run_dir / "staging" / _SCAN).read_bytes())
+        after = {p: Entry.from_json(e) for p, e in doc["after"].items()}
+        return after, list(doc["whiteouts"]), list(doc["opaque"])
+    except FileNotFoundError:
+        raise StagingError(f"the upper layer of run {run_dir.name} was never read back from the engine") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StagingError(f"the read-back scan of run {run_dir.name} is damaged: {exc}") from None
 
 
 def meta(run_dir: Path) -> dict[str, object]:
@@ -170,6 +221,8 @@ class OverlayStager:
         self.why = why
 
     def stage(self, req: StageRequest) -> Staged:
+        if req.held is not None and capfs.available() is not None:
+            return self._stage_held(req, req.held)
         staging = req.run_dir / "staging"
         view = req.refresh()
         result, lay = view.result, layout(staging, view.tree)
@@ -191,10 +244,54 @@ class OverlayStager:
         entries = capfs.used_entries(staging) if req.capped else 0
         return Staged(result, capfs.used_bytes(staging) if req.capped else 0, tree, mirror, entries)
 
+    def _stage_held(self, req: StageRequest, held: HeldUpper) -> Staged:
+        """`stage` with the capped upper layer held by the engine: the same layers, laid out,
+        hidden and measured through it (nothing is mounted or made here but `staging/`)."""
+        staging = req.run_dir / "staging"
+        staging.mkdir(exist_ok=True)
+        view = req.refresh()
+        result = view.result
+        st = os.lstat(view.tree)
+        owner = req.owner or (st.st_uid, st.st_gid)
+        upper, work = held.hold(req.run_id, req.growth, _inodes(result, req.growth), owner, stat.S_IMODE(st.st_mode))
+        lay = Layout(view.tree, Path(upper), Path(work), staging, held.options)
+        write_meta(req.run_dir, self.name, self.why, view, held=lay)
+        dirs: dict[str, tuple[tuple[int, int], int]] = {}
+        whiteouts: list[str] = []
+
+        def hide_there(rel: str) -> None:
+            with open(lay.hidden, "a", encoding="ascii") as fh:
+                fh.write(json.dumps(rel) + "\n")
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                sub = "/".join(parts[:i])
+                if sub not in dirs:
+                    pst = os.lstat(lay.lower / sub)
+                    dirs[sub] = ((pst.st_uid, pst.st_gid), stat.S_IMODE(pst.st_mode))
+            whiteouts.append(rel)
+
+        before = len(result.withheld)
+        req.screen(lay.lower, result, hide_there)
+        if len(result.withheld) != before and (lay.lower / gitcopy.DOTGIT).is_dir():
+            hide_there(gitcopy.DOTGIT)
+        if whiteouts:
+            held.place(req.run_id, [(d, o, m) for d, (o, m) in dirs.items()], whiteouts)
+        relabelled = len(result.withheld) != before
+        tree = view.live_tree if view.live_tree and not relabelled else live_tree_of(req.workspace, result)
+        mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
+        used, entries = held.used(req.run_id)
+        return Staged(result, used, tree, mirror, entries)
+
     def staged_root(self, run_dir: Path) -> Path:
+        """The upper layer; for one the engine held, the copy read back from it at inspection."""
         return run_dir / "staging" / "upper"
 
     def layers(self, run_dir: Path) -> Layout:
+        m = meta(run_dir)
+        held = m.get("held")
+        if isinstance(held, dict):
+            staging = run_dir / "staging"
+            return Layout(self._lower(run_dir), Path(held["upper"]), Path(held["work"]), staging, str(held["options"]))
         return layout(run_dir / "staging", self._lower(run_dir))
 
     def base(self, run_dir: Path) -> Base:
@@ -202,7 +299,9 @@ class OverlayStager:
         return LowerBase(self._lower(run_dir), hidden_paths(run_dir))
 
     def inspect(self, run_dir: Path, base: Base, bounds: ChangeBounds | None = None) -> ChangeSet:
-        """From the upper layer alone."""
+        """From the upper layer alone (for one the engine held, as `read_back` read it)."""
+        if held_run(run_dir):
+            return overlay.changes(load_scan(run_dir), base)
         return overlay.inspect_upper(self.staged_root(run_dir), base, bounds)
 
     def release(self, run_dir: Path, is_live: Callable[[str], bool]) -> None:

@@ -38,7 +38,8 @@ def cli(ws: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 
 def _v1_workspace(tmp_path: Path, extra: str = "") -> tuple[Path, StateDir]:
-    ws = workspace(tmp_path, extra)
+    # the fixture's proposal was made when it was written: it must not expire as the calendar moves on
+    ws = workspace(tmp_path, extra if "[defaults]" in extra else extra + "\n[defaults]\nproposal_ttl_s = 3e9\n")
     state = StateDir.for_workspace(ws).ensure()
     shutil.copy(V1, state.store)
     return ws, state

@@ -189,6 +189,16 @@ class RunMonitor:
             else:  # killed between two samples: the kernel's OOM kill itself says usage hit the cap
                 measured, source = cap, f"{flag}: usage reached the hard limit (no swap)"
             return LimitHit(limit="memory", measured=measured, allowed=cap, source=source)
+        if counted.backstop_hits:  # gVisor's own threads met the host's backstop: the sandbox died of it
+            return LimitHit(
+                limit="pids",
+                measured=lim.pids,
+                allowed=lim.pids,
+                source=(
+                    f"{counted.source} (gVisor host backstop: max {counted.backstop_hits}; the sandbox's threads"
+                    " reached the host's cap for it, which ends the sandbox; its processes were near their cap)"
+                ),
+            )
         if counted.pids_refused or counted.pids_peak >= lim.pids:  # even when the agent gave up at once
             why = f"max {counted.pids_refused}: forks refused at the cap" if counted.pids_refused else "peak at the cap"
             return LimitHit(

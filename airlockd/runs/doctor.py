@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd.sandbox import layers, runtimes, volumes
+from airlockd.sandbox import layers, runtimes, seccomp, volumes
 from airlockd.sandbox.base import OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.upperdump import read_dump
@@ -223,17 +223,42 @@ def container_runtimes(client: Any, workspace: Path) -> str:
         return detail + '; runsc (gVisor) not registered: needed only for runtime = "runsc"'
     out = client.containers.run(
         image_tag(),
-        ["sh", "-c", "uname -r && ls / >/dev/null && echo listed"],
+        ["sh", "-c", GVISOR_PROBE],
         runtime=runtimes.GVISOR,
         network_mode="none",
         user="1000:1000",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges", f"seccomp={seccomp.gvisor_profile()}"],  # as a run has it
         remove=True,
     )
     lines = out.decode(errors="replace").split()
     if "listed" not in lines:
         raise RuntimeError(f"under runsc the runtime image cannot list a directory: {' '.join(lines)[:200]}")
+    if "threads" not in lines:
+        raise RuntimeError("under runsc no thread starts (the seccomp profile inside gVisor refuses clone3 with EPERM)")
+    if "clone3=38" not in lines:
+        raise RuntimeError(
+            "this runsc implements clone3, whose namespace flags the profile cannot read: an agent could make a"
+            " user namespace there (docs/containment.md, gVisor)"
+        )
+    if "userns-refused" not in lines:
+        raise RuntimeError("under runsc an agent can make a user namespace, where its process cap does not hold")
     args = " ".join((table[runtimes.GVISOR] or {}).get("runtimeArgs") or [])
-    return detail + f"; runsc probe: gVisor kernel {lines[0]} inside, directories list (runtimeArgs: {args})"
+    return detail + (
+        f"; runsc probe: gVisor kernel {lines[0]} inside, directories list, threads start, no user namespace"
+        f" (runtimeArgs: {args})"
+    )
+
+
+#: Under runsc, as a run: the kernel seen, a directory listed, a thread started, clone3's answer
+#: (ENOSYS = 38: libc falls back to clone, whose flags the profile reads), and no user namespace.
+GVISOR_PROBE = (
+    "uname -r && ls / >/dev/null && echo listed;"
+    " python3 -c 'import threading; t = threading.Thread(target=print, args=(\"threads\",)); t.start(); t.join()';"
+    " python3 -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.syscall(435, 0, 0);"
+    ' print("clone3=%d" % ctypes.get_errno())\';'
+    " unshare -U true 2>/dev/null || echo userns-refused"
+)
 
 
 def held_refuses(client: Any, state_root: Path, image: str) -> str | None:

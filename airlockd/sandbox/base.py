@@ -74,6 +74,9 @@ class CapCounters:
     oom_kills: int = 0
     source: str = ""
     unavailable: str = ""
+    # under gVisor: tasks the host refused the sandbox at its backstop (its own threads' cap),
+    # which ends gVisor itself
+    backstop_hits: int = 0
 
 
 @dataclass
@@ -102,7 +105,7 @@ class ExitInfo:
             return "output"
         if self.oom_killed or self.counters.oom_kills:
             return "memory"
-        if self.counters.pids_refused:
+        if self.counters.pids_refused or self.counters.backstop_hits:
             return "pids"
         return None
 

@@ -85,7 +85,7 @@ class CgroupWatch:
         self._key = "pids" if pids else "memory"
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._best = {"pids_refused": 0, "pids_peak": 0, "oom_kills": 0}
+        self._best = {"pids_refused": 0, "pids_peak": 0, "oom_kills": 0, "backstop_hits": 0}
         self._files: dict[str, int] = {}
         self._source = ""
         self._why = "the container's cgroup was never found"
@@ -103,7 +103,9 @@ class CgroupWatch:
             if not self._source:
                 return CapCounters(source="", unavailable=self._why)
             b = self._best
-            return CapCounters(b["pids_refused"], b["pids_peak"], b["oom_kills"], source=self._source)
+            return CapCounters(
+                b["pids_refused"], b["pids_peak"], b["oom_kills"], source=self._source, backstop_hits=b["backstop_hits"]
+            )
 
     # -- the poller ------------------------------------------------------------------------
 
@@ -149,6 +151,8 @@ class CgroupWatch:
                 "pids.peak": dirs["pids"] / "pids.peak",  # kernels >= 6.1 (v1 and v2)
                 "pids.current": dirs["pids"] / "pids.current",
             }
+        elif "pids" in dirs:  # under gVisor: the backstop on the sandbox's own threads (dockerargs)
+            wanted["backstop.events"] = dirs["pids"] / "pids.events"
         if "memory" in dirs:
             wanted["memory"] = dirs["memory"] / ("memory.events" if v2 else "memory.oom_control")
         for key, path in wanted.items():
@@ -170,6 +174,8 @@ class CgroupWatch:
                 text = os.pread(fd, 4096, 0).decode(errors="replace")
                 if key == "pids.events":
                     seen["pids_refused"] = _fields(text).get("max", 0)
+                elif key == "backstop.events":
+                    seen["backstop_hits"] = _fields(text).get("max", 0)
                 elif key in ("pids.peak", "pids.current"):
                     seen["pids_peak"] = max(seen.get("pids_peak", 0), _fields("v " + text.strip()).get("v", 0))
                 else:

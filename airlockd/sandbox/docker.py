@@ -27,7 +27,7 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import cgroups, layers, runtimes, volumes
+from airlockd.sandbox import cgroups, layers, runtimes, seccomp, volumes
 from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
 from airlockd.sandbox.dockerargs import RUN_LABEL, RUNTIME_LABEL, create_kwargs
 
@@ -455,7 +455,7 @@ def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
         "cap_drop": hc.get("CapDrop"),
         "cap_add": hc.get("CapAdd"),
         "privileged": hc.get("Privileged"),
-        "security_opt": hc.get("SecurityOpt"),
+        "security_opt": seccomp.shown(hc.get("SecurityOpt")),
         "init": hc.get("Init"),
         "memory_bytes": hc.get("Memory"),
         "memory_swap_bytes": hc.get("MemorySwap"),

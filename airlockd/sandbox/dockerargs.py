@@ -10,20 +10,21 @@ Under gVisor (`runsc`) the agent's processes are tasks of gVisor's kernel, not o
 host's pids cgroup counts the sandbox's own threads instead, and a cap there wedges gVisor rather
 than refusing the agent's fork. The process cap is then RLIMIT_NPROC, which gVisor's kernel
 enforces for the agent's user inside the sandbox (a fork fails with EAGAIN at the cap, as at
-`pids.max`), and the host's pids cgroup gets a backstop sized for gVisor's own threads (about six
-host tasks per agent process were measured), so that whatever happens inside, the host's task
-table is bounded; docs/containment.md.
+`pids.max`), and the host's pids cgroup gets a backstop sized for gVisor's own threads (15 to 43
+host tasks per busy agent process were measured), so that whatever happens inside, the
+host's task table is bounded; docs/containment.md.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
 
 from airlockd.errors import UsageError
-from airlockd.sandbox import volumes
+from airlockd.sandbox import seccomp, volumes
 from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, STDIN_PATH, WORKSPACE_PATH, ContainerSpec
 
 RUN_LABEL = "airlockd.run"
@@ -35,10 +36,18 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 ULIMITS = (("core", 0, 0),)
 
 
-def gvisor_host_tasks(pids: int) -> int:
+def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
     """The host's pids cap for a gVisor sandbox whose agent may have `pids` processes: its own
-    threads (61 idle, 1,591 with 256 agent processes, measured) with room to spare."""
-    return 256 + 8 * pids
+    threads, which grow with the agent's busy processes (61 idle; 15 to 43 host tasks per busy
+    process measured, 5,208 for 120), with room to spare, but never more than a quarter of the
+    host's pid space (`kernel.pid_max`). Reaching it ends the sandbox, recorded as a `pids`
+    violation (cgroups.CgroupWatch reads it)."""
+    if pid_max is None:
+        try:
+            pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+        except (OSError, ValueError):
+            pid_max = 32768
+    return min(256 + 48 * pids, max(1024, pid_max // 4))
 
 
 def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
@@ -84,7 +93,9 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "read_only": True,
         "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        # under runsc a profile of our own, applied inside gVisor's kernel (sandbox/seccomp.py);
+        # under runc the engine's default profile
+        "security_opt": ["no-new-privileges"] + ([] if host_kernel else [f"seccomp={seccomp.gvisor_profile()}"]),
         "mounts": mounts,
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap

@@ -47,14 +47,20 @@ def flags(args: list[str]) -> dict[str, str]:
     return out
 
 
+def host_uds(args: list[str]) -> str:
+    """What a runsc started with `args` lets the agent do with host Unix sockets: "" (nothing),
+    "open" (connect to one mounted into its container), "create" or "all" (also bind new ones
+    on the host). The deprecated --fsgofer-host-uds meant "all"."""
+    f = flags(args)
+    if "fsgofer-host-uds" in f and f["fsgofer-host-uds"] in ("", "true"):
+        return "all"
+    return f.get("host-uds", "")
+
+
 def host_sockets_allowed(args: list[str]) -> bool:
     """Whether a runsc started with `args` lets the agent connect to a host Unix socket that is
     mounted into its container (the model gateway's)."""
-    f = flags(args)
-    mode = f.get("host-uds", "")
-    if mode in ("open", "all"):
-        return True
-    return "fsgofer-host-uds" in f and f["fsgofer-host-uds"] in ("", "true")  # the deprecated name
+    return host_uds(args) in ("open", "all")
 
 
 def seccomp_inside(args: list[str]) -> bool:
@@ -80,6 +86,13 @@ def refusal(
             "apply inside gVisor: an agent there could create a user namespace, where the process cap does "
             f'not hold (its runtimeArgs: {" ".join(args) or "none"}); fix: add "--oci-seccomp" to the '
             "runtime's runtimeArgs in the engine's daemon.json and reload it (kill -HUP the dockerd process)"
+        )
+    if runtime == GVISOR and host_uds(args) in ("create", "all"):
+        return (
+            f'{engine} runs "{runtime}" with --host-uds={host_uds(args)} (or --fsgofer-host-uds), which lets the '
+            "agent create Unix sockets on the host, outside its container (its runtimeArgs: "
+            f"{' '.join(args)}); fix: use \"--host-uds=open\" in the runtime's runtimeArgs in the engine's "
+            "daemon.json and reload it (kill -HUP the dockerd process)"
         )
     if runtime == GVISOR and host_sockets and not host_sockets_allowed(args):
         return (

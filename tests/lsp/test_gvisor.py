@@ -156,12 +156,19 @@ async def test_the_process_cap_holds_inside_gvisor(editor: LanguageClient) -> No
     assert 30 <= int(refused.group(1)) < 40 and int(procs.group(1)) <= 40, out
 
 
-async def test_no_user_namespace_lets_the_agent_past_its_cap(editor: LanguageClient) -> None:
-    """Root in a user namespace of its own is not held by RLIMIT_NPROC: the container's seccomp
-    profile, applied inside gVisor (--oci-seccomp, required at admission), refuses to make one."""
+async def test_no_user_namespace_lets_the_agent_past_its_cap_and_threads_still_start(editor: LanguageClient) -> None:
+    """Root in a user namespace of its own is not held by RLIMIT_NPROC: airlockd's seccomp profile,
+    applied inside gVisor (--oci-seccomp, required at admission), refuses to make one, by clone's
+    flags; clone3 reaches gVisor's kernel, which answers ENOSYS, so libc's threads fall back to
+    clone and start (the engine's default profile answered EPERM there: no thread started)."""
     c: Any = editor
-    probe = "unshare -Ur id 2>&1; unshare -U true 2>&1; echo done"
+    probe = (
+        "unshare -Ur id 2>&1; unshare -U true 2>&1; "
+        "python3 -c 'import threading; t = threading.Thread(target=print, args=(\"thread-ran\",)); t.start(); t.join()'"
+        " 2>&1; echo done"
+    )
     _, run, err = await cli(c, "run", "--agent", "hard", "--wait", probe)
     assert run is not None, err
     out = (next(Path(c.state).glob(f"*/runs/{run['id']}/output.log"))).read_text()
     assert out.count("Operation not permitted") == 2 and "uid=0" not in out, out
+    assert "thread-ran" in out and "done" in out, out

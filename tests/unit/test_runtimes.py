@@ -6,6 +6,7 @@ the same under the engine."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from airlockd.errors import AdmissionRejected, PolicyError
 from airlockd.policy import Limits, Policy, load_policy
 from airlockd.runs.service import Service
-from airlockd.sandbox import cgroups, runtimes
+from airlockd.sandbox import cgroups, runtimes, seccomp
 from airlockd.sandbox.base import ContainerSpec
 from airlockd.sandbox.cgroups import CgroupWatch
 from airlockd.sandbox.dockerargs import RUNTIME_LABEL, create_kwargs, gvisor_host_tasks
@@ -65,14 +66,52 @@ def test_runsc_caps_processes_by_nproc_inside_gvisor_not_by_the_hosts_pids_cgrou
     kw = create_kwargs(spec(tmp_path, runtime="runsc"))
     assert kw["runtime"] == "runsc" and kw["labels"][RUNTIME_LABEL] == "runsc"
     # the host's cap is a backstop for gVisor's own threads, well above what the agent's cap needs
-    assert kw["pids_limit"] == gvisor_host_tasks(48) == 256 + 8 * 48
+    assert kw["pids_limit"] == gvisor_host_tasks(48)
     nproc = [u for u in kw["ulimits"] if u["Name"] == "nproc"]
     assert nproc and nproc[0]["Soft"] == nproc[0]["Hard"] == 48
-    # every other restriction is the same as under runc
+    # every other restriction is the same as under runc, and the seccomp profile is our own
     base = create_kwargs(spec(tmp_path))
-    for key in ("read_only", "cap_drop", "security_opt", "network_mode", "user", "mem_limit", "memswap_limit", "tmpfs"):
+    for key in ("read_only", "cap_drop", "network_mode", "user", "mem_limit", "memswap_limit", "tmpfs"):
         assert kw[key] == base[key], key
+    assert base["security_opt"] == ["no-new-privileges"]  # the engine's default profile under runc
+    assert kw["security_opt"] == ["no-new-privileges", f"seccomp={seccomp.gvisor_profile()}"]
+    assert seccomp.shown(kw["security_opt"]) == ["no-new-privileges", "seccomp=airlockd-gvisor"]
     assert {u["Name"] for u in base["ulimits"]} <= {u["Name"] for u in kw["ulimits"]}
+
+
+def test_the_hosts_backstop_grows_with_the_process_cap_but_keeps_to_a_quarter_of_the_pid_space() -> None:
+    assert gvisor_host_tasks(32, pid_max=4_194_304) == 256 + 48 * 32
+    assert gvisor_host_tasks(256, pid_max=4_194_304) == 256 + 48 * 256
+    assert gvisor_host_tasks(256, pid_max=32768) == 8192  # a quarter of a small pid space
+    assert gvisor_host_tasks(4, pid_max=1000) == 448  # never below what a small cap needs
+
+
+def test_the_gvisor_profile_refuses_every_namespace_and_lets_clone3_through_to_gvisor() -> None:
+    profile = json.loads(seccomp.gvisor_profile())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    refused = {n for r in profile["syscalls"] if "args" not in r for n in r["names"]}
+    assert {"unshare", "setns", "mount", "bpf", "keyctl", "userfaultfd", "perf_event_open"} <= refused
+    assert "clone3" not in refused  # refused it would be EPERM under this gVisor: no thread could start
+    masks = {r["args"][0]["value"] for r in profile["syscalls"] if r["names"] == ["clone"]}
+    assert masks == set(seccomp.NAMESPACE_FLAGS)
+    user_ns = 0x10000000
+    assert user_ns in masks and all(r["errnoRet"] == 1 for r in profile["syscalls"])
+
+
+def test_a_sandbox_that_died_at_the_hosts_backstop_is_a_pids_violation() -> None:
+    from airlockd.policy import Limits as L
+    from airlockd.runs.containment import RunMonitor
+    from airlockd.sandbox.base import CapCounters, ExitInfo
+
+    counters = CapCounters(source="cgroup v1 pids.events of the container", backstop_hits=1)
+    info = ExitInfo("c", 2, False, False, False, None, 1.0, 0, b"", {}, counters)
+    assert info.limit_hit == "pids"
+    monitor = RunMonitor(
+        FakeSandbox(), "r1", L.model_validate({"pids": 32}), used_bytes=lambda: None, staged_bytes=0,
+        tokens_left=None, publish=lambda sample: None,
+    )  # fmt: skip
+    hit = monitor.limit_hit(info)
+    assert hit is not None and hit.limit == "pids" and "gVisor host backstop" in hit.source
 
 
 # -- the engine's runtimes --------------------------------------------------------------------
@@ -97,10 +136,7 @@ def test_a_missing_runtime_says_how_to_register_it() -> None:
     [
         (["--network=none"], False),
         (["--host-uds=open"], True),
-        (["-host-uds=all"], True),
         (["--host-uds", "open"], True),
-        (["--host-uds=create"], False),  # may bind sockets on the host, but not connect to ours
-        (["--fsgofer-host-uds"], True),  # the deprecated spelling
     ],
 )
 def test_the_gateway_needs_runsc_to_connect_to_host_sockets(args: list[str], ok: bool) -> None:
@@ -110,6 +146,15 @@ def test_the_gateway_needs_runsc_to_connect_to_host_sockets(args: list[str], ok:
     if not ok:
         assert "--host-uds=open" in str(why) and "gateway" in str(why)
     assert runtimes.refusal(table, "runsc", host_sockets=False) is None  # no socket: no need
+
+
+@pytest.mark.parametrize(
+    "args", [["--host-uds=all"], ["-host-uds", "create"], ["--fsgofer-host-uds"], ["--host-uds=all", "--oci-seccomp"]]
+)
+def test_runsc_that_lets_the_agent_create_host_sockets_is_refused_with_or_without_the_gateway(args: list[str]) -> None:
+    for sockets in (True, False):
+        why = runtimes.refusal({"runsc": {"runtimeArgs": [*args, "--oci-seccomp"]}}, "runsc", host_sockets=sockets)
+        assert why is not None and "create Unix sockets on the host" in why and "--host-uds=open" in why
 
 
 @pytest.mark.parametrize("args", [["--host-uds=open"], ["--host-uds=open", "--oci-seccomp=false"]])

@@ -7,32 +7,34 @@ import json
 import os
 from typing import Any
 
-from airlockd.agents import codex, sessions
+from airlockd.agents import codex, homes, sessions
 from airlockd.agents.command import Invocation
 from airlockd.agents.command import invocation as command_invocation
+from airlockd.errors import AirlockError
 from airlockd.gateway import runs as gateway_runs
 from airlockd.policy import AgentConfig
 from airlockd.records import RunRecord
+from airlockd.staging.base import HeldUpper
 
 AGENT_UID = (1000, 1000)
 
 
-def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Invocation:
+def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: HeldUpper | None = None) -> Invocation:
     """The run's Invocation with the gateway wired in (its gate is open from here on: the caller
-    must call `finish`)."""
+    must call `finish`). `held`: the engine holds the run's capped filesystem (not root)."""
     env: dict[str, str] = {}
     mounts: list[tuple[Any, str, bool]] = []
     if gateway_runs.uses_gateway(cfg):
         env, mounts = gateway_runs.open_for_run(service, rec, cfg)
     try:
-        inv = _adapter(service, rec, cfg, prompt)
+        inv = _adapter(service, rec, cfg, prompt, held)
     except BaseException:
         gateway_runs.close_for_run(service, rec)  # no container will use the gate
         raise
     return Invocation(inv.argv, inv.stdin_file, {**inv.env, **env}, [*inv.mounts, *mounts])
 
 
-def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Invocation:
+def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: HeldUpper | None) -> Invocation:
     run_dir = service.state.run_dir(rec.id)
     if cfg.adapter == "codex":
         owner = AGENT_UID if os.getuid() == 0 else None
@@ -56,17 +58,35 @@ def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str) -> Inv
         (run_dir / codex.SESSION_FILE).write_text(
             json.dumps({"before": sorted(codex.sessions(home)), "resume": resume})
         )
-        return inv
+        cap = cfg.limits.workspace_growth_mb * 2**20
+        lent = homes.lend(run_dir, home, cap, rec.id, held)  # a capped copy: never the home itself
+        mounts = [(lent if src == home else src, target, ro) for src, target, ro in inv.mounts]
+        return Invocation(inv.argv, inv.stdin_file, inv.env, mounts)
     return command_invocation(cfg, prompt, run_dir)
 
 
-def finish(service: Any, rec: RunRecord) -> None:
-    """Close the run's gate; note which agent session the run used (for `--follow-up`)."""
+def home_bytes(service: Any, rec: RunRecord) -> int:
+    """What the copy of the agent's home a run gets will take (0: the agent has none)."""
+    cfg = service.policy.agents.get(rec.agent)
+    if cfg is None or cfg.adapter != "codex":
+        return 0
+    return homes.home_bytes(sessions.agent_dir(service.state.root, rec.agent) / "home")
+
+
+def finish(service: Any, rec: RunRecord, held: HeldUpper | None = None) -> None:
+    """Close the run's gate; bring the agent's home back from the run's capped copy; note which
+    agent session the run used (for `--follow-up`)."""
     gateway_runs.close_for_run(service, rec)
     cfg = service.policy.agents.get(rec.agent)
     if cfg is None or cfg.adapter != "codex":
         return
     run_dir = service.state.run_dir(rec.id)
+    try:
+        homes.take_back(run_dir, sessions.agent_dir(service.state.root, rec.agent) / "home", rec.id, held)
+    except (OSError, AirlockError) as exc:  # the run's fate stands; its turns are not kept
+        service.audit.append(
+            "session.home_lost", run=rec.id, agent=rec.agent, policy=rec.policy_revision, error=str(exc)[:500]
+        )
     f = run_dir / codex.SESSION_FILE
     try:
         meta = json.loads(f.read_text())

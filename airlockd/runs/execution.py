@@ -74,7 +74,8 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             clearance=clearance,
             owner=mirror_owner(),
             redactor=svc.redactor,
-            growth=svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20,
+            # the agent's home is copied beside the upper layer, under the same cap (agents/homes.py)
+            growth=svc.policy.agent(rec.agent).limits.workspace_growth_mb * 2**20 + agent_wiring.home_bytes(svc, rec),
             capped=capped,
             refresh=refresh,
             screen=lambda tree, result, hide: screening.classify_labels(svc, rec, tree, result, hide=hide),
@@ -198,7 +199,10 @@ def _walk_mirror(svc: Service) -> Callable[..., MirrorView]:
 def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
     cfg = svc.policy.agent(rec.agent)
     run_dir = svc.state.run_dir(rec.id)
-    inv = agent_wiring.prepare(svc, rec, cfg, prompt)  # opens the run's model gateway if it has one
+    held = held_upper(svc, rec.agent) if stagers.held_run(run_dir) else None
+    inv = agent_wiring.prepare(svc, rec, cfg, prompt, held)  # opens the run's model gateway if it has one
+    if rec.growth_capped and (used := used_bytes(svc, rec)()) is not None:  # the home's copy is staged, not grown
+        rec = svc.store.update_run(rec.id, lambda r: setattr(r, "staged_bytes", max(r.staged_bytes, used)))
     uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
     user = f"{uid}:{gid}"
     spec = ContainerSpec(
@@ -239,7 +243,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     try:
         return watch(svc, rec, lambda on_output: svc.sandbox.run(spec, on_output))
     finally:
-        agent_wiring.finish(svc, rec)  # the run's token stops working with its container
+        agent_wiring.finish(svc, rec, held)  # the run's token stops working with its container
 
 
 def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airlockd.agents import homes
 from airlockd.errors import AirlockError, EngineError, NotFoundError, UsageError
 from airlockd.interpreter import module_command
 from airlockd.pipeline.commit import recover
@@ -169,6 +170,7 @@ def keep_for_inspection(svc: Service, rec: RunRecord) -> None:
     files, a disk filler) would cost the host what the agent chose to write: it is dropped, and
     `staging.dropped` in the run's folder and the audit trail say how large it was."""
     staging = svc.state.run_dir(rec.id) / "staging"
+    homes.drop(staging.parent)  # the agent's home was brought back when its container ended
     stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
     if stagers.held_run(staging.parent):
         _keep_held(svc, rec)
@@ -227,8 +229,10 @@ def _keep_held(svc: Service, rec: RunRecord) -> None:
 
 
 def cleanup_staging(svc: Service, rec: RunRecord) -> None:
-    """Drop a finished run's staging copy (and its capped filesystem)."""
+    """Drop a finished run's staging copy (and its capped filesystem, and its copy of the agent's
+    home if a crash left one)."""
     staging = svc.state.run_dir(rec.id) / "staging"
+    homes.drop(staging.parent)
     stagers.for_run(staging.parent).release(staging.parent, lambda run_id: execution.run_live(svc, run_id))
     if stagers.held_run(staging.parent) and (held := execution.held_upper(svc, rec.agent)) is not None:
         held.release(rec.id)

@@ -32,10 +32,11 @@ from __future__ import annotations
 import io
 import logging
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import docker.errors
@@ -186,10 +187,26 @@ def _exec(client: Any, run_id: str, argv: list[str]) -> Iterator[bytes]:
         raise EngineError(f"reading the upper layer of run {run_id} failed (exit {code}): {' / '.join(text)}")
 
 
-def dump(client: Any, held: HeldLayers) -> Iterator[bytes]:
-    """The upper layer as `upperdump.read_dump` reads it. Closing the iterator early (a bound
-    was met) leaves the program to end when the holder goes."""
-    return _exec(client, held.run_id, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/upper", OPAQUE])
+def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
+    """The tree `name` of the capped filesystem (the upper layer, or the agent's home) as
+    `upperdump.read_dump` reads it. Closing the iterator early (a bound was met) leaves the
+    program to end when the holder goes."""
+    return _exec(client, held.run_id, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
+
+
+def put_tree(client: Any, held: HeldLayers, name: str, src: Path) -> None:
+    """Copy the local tree `src` (never following a link in it) to `name` on the capped
+    filesystem, owners and modes kept; ENOSPC there (a tree over the cap) is an error."""
+    with tempfile.TemporaryFile() as buf:
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            tf.add(str(src), arcname=name, recursive=True)  # links are stored as links
+        buf.seek(0)
+        try:
+            ok = client.api.put_archive(holder_name(held.run_id), MOUNT, buf)
+        except docker.errors.DockerException as exc:
+            raise _engine(f"to copy {src} into the capped filesystem of run {held.run_id}", exc) from None
+    if not ok:
+        raise EngineError(f"the engine refused to copy {src} into the capped filesystem of run {held.run_id}")
 
 
 def used(client: Any, held: HeldLayers) -> tuple[int, int]:
@@ -282,8 +299,14 @@ class EngineUpper:
     def used(self, run_id: str) -> tuple[int, int]:
         return used(self.client, self._held(run_id))
 
-    def dump(self, run_id: str) -> Iterator[bytes]:
-        return dump(self.client, self._held(run_id))
+    def dump(self, run_id: str, name: str = "upper") -> Iterator[bytes]:
+        return dump(self.client, self._held(run_id), name)
+
+    def where(self, run_id: str, name: str) -> str:
+        return str(self._held(run_id).mountpoint / name)
+
+    def put(self, run_id: str, name: str, src: Path) -> None:
+        put_tree(self.client, self._held(run_id), name, src)
 
     def release(self, run_id: str) -> None:
         release(self.client, run_id)

@@ -47,8 +47,18 @@ class HeldUpper(Protocol):
         """(bytes, inodes) in use on the capped filesystem."""
         ...
 
-    def dump(self, run_id: str) -> Iterator[bytes]:
-        """The upper layer as `upperdump.read_dump` reads it."""
+    def dump(self, run_id: str, name: str = "upper") -> Iterator[bytes]:
+        """The tree `name` (the upper layer, or another put there) as `upperdump.read_dump`
+        reads it."""
+        ...
+
+    def where(self, run_id: str, name: str) -> str:
+        """The path of the tree `name` of the capped filesystem on the engine's host (a bind
+        mount's source)."""
+        ...
+
+    def put(self, run_id: str, name: str, src: Path) -> None:
+        """Copy the local tree `src` to `name` on the capped filesystem (owners and modes kept)."""
         ...
 
     def release(self, run_id: str) -> None:

@@ -138,3 +138,36 @@ def test_codex_end_to_end_through_the_gateway(
     audit = svc.state.audit.read_text()
     assert "session.rolled_back" in audit and "session.committed" in audit
     assert real_key not in audit
+
+
+def test_the_agents_home_is_capped_like_its_workspace(
+    tmp_path: Path, model: ScriptedModel, real_key: str, runtime: str
+) -> None:
+    """The home is a capped copy for the run (never the state directory's own folder): Codex told
+    to write 300 MB into $CODEX_HOME with workspace_growth_mb = 32 stops at the cap, and the run
+    is over its growth limit; the host's disk got at most the cap, and the rejected run's copy
+    does not come back into the home (its conversation is rolled back)."""
+    fill = "dd if=/dev/zero of=$CODEX_HOME/fill bs=1M count=300 2>&1 | head -n 1; df -k $CODEX_HOME | tail -n 1"
+    model.replies = [Reply([exec_call(fill)], usage(10, 1)), Reply([message("filled")], usage(10, 1))]
+    ws = make_ws(tmp_path, model.url, runtime)
+    policy = ws / "policies.toml"
+    policy.write_text(policy.read_text().replace("memory_mb = 1024\n", "memory_mb = 1024\nworkspace_growth_mb = 32\n"))
+    svc = Service(ws)
+    home = svc.state.root / "agents" / "codex" / "home"
+    rec = svc.execute(svc.submit("codex", "fill your home").id)
+    out = model.tool_outputs()[0]
+    assert "No space left on device" in out, out
+    assert rec.state is RunState.LIMIT_EXCEEDED and rec.limit is not None, (rec.state, rec.error)
+    assert rec.limit.limit == "workspace_growth", rec.limit
+    assert home.is_dir() and not (home / "fill").exists()  # rolled back with the run
+    run_dir = svc.state.run_dir(rec.id)
+    assert not (run_dir / "agent-home").exists() and not (run_dir / "staging" / "home").exists()
+    # a run within the cap keeps what it wrote in its home
+    model.replies = [
+        Reply([exec_call("echo kept > $CODEX_HOME/note.txt; echo x > x.txt")], usage(5, 1)),
+        Reply([message("noted")], usage(5, 1)),
+    ]
+    rec2 = svc.execute(svc.submit("codex", "write a note").id)
+    assert rec2.state is RunState.PROPOSED, (rec2.state, rec2.error, rec2.limit)
+    svc.review.approve(rec2.id)
+    assert (home / "note.txt").read_text() == "kept\n"

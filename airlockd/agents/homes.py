@@ -1,0 +1,145 @@
+"""The agent's home during a run: a copy on a capped filesystem, brought back when the run ends.
+
+The agent's persistent home (`agents/<agent>/home` in the state directory: its conversations) is
+never mounted into a container. An agent writing there would write to the host's disk outside
+every cap (found in review: 300 MB written through `$CODEX_HOME` by a run whose workspace growth
+was capped at 64 MB). So each run gets a copy, where its workspace's growth is capped too:
+
+- as root with the overlay stager, beside the upper layer on the run's capped tmpfs
+  (`staging/home`), so one cap and one measure hold for both;
+- as a user who is not root, beside the upper layer on the capped filesystem the engine holds
+  (sandbox/layers.py), likewise;
+- as root with the copy stager (whose capped tmpfs is the agent's `/workspace`), on a tmpfs of
+  its own in the run's folder (`agent-home`), as large as the agent's `workspace_growth_mb`;
+- where none can be had (no cap for the workspace either, which the run's audit says), the home
+  itself, as before.
+
+The run's cap is sized for the home too (staging adds its size, `home_bytes`), and what the copy
+holds before the agent starts is counted as staged, not as growth.
+
+When the container has ended the copy replaces the persistent home (a swap: the old one is kept
+until the new one is whole), and sessions.py's snapshot still decides whether the run's turns stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+from airlockd.staging import capfs
+from airlockd.staging.base import HeldUpper
+from airlockd.staging.upperdump import read_dump
+
+RUN_HOME = "agent-home"  # in the run's folder: the root's capped copy
+HELD_NAME = "home"  # on the engine-held capped filesystem
+_LENT = "agent-home.json"  # in the run's folder: where the run's copy is
+INODES = 200_000
+
+
+def home_bytes(home: Path) -> int:
+    """What a copy of `home` takes (allocated bytes of everything in it, links not followed)."""
+    total = 0
+    for dirpath, dirs, files in os.walk(home):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def lend(run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper | None) -> Path:
+    """The path the container mounts as the agent's home for this run (on this host, or on the
+    engine's): a capped copy of `home` when one can be made, else `home` itself."""
+    staging = run_dir / "staging"
+    if held is None and capfs.available() is None and capfs.is_mount(staging) and (staging / "upper").is_dir():
+        dst = staging / HELD_NAME  # beside the upper layer: the overlay never shows it
+        dst.mkdir(mode=0o700)
+        _copy(home, dst)
+        _record(run_dir, "staging")
+        return dst
+    if held is None and capfs.available() is None:
+        dst = run_dir / RUN_HOME
+        capfs.mount(dst, cap_bytes, inodes=INODES)
+        _copy(home, dst)
+        _record(run_dir, "tmpfs")
+        return dst
+    if held is not None:
+        held.put(run_id, HELD_NAME, home)
+        _record(run_dir, "held")
+        return Path(held.where(run_id, HELD_NAME))
+    _record(run_dir, "none")
+    return home
+
+
+def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None) -> None:
+    """Make what the run left in its copy the agent's home, and drop the copy. Nothing to do
+    when the run used the home itself. The copy's size was capped; it is read once."""
+    lent = _lent(run_dir)
+    if lent not in ("tmpfs", "staging", "held"):
+        return
+    new = home.with_name(home.name + ".new")
+    shutil.rmtree(new, ignore_errors=True)
+    if lent in ("tmpfs", "staging"):
+        src = run_dir / RUN_HOME if lent == "tmpfs" else run_dir / "staging" / HELD_NAME
+        if not src.is_dir() or (lent == "tmpfs" and not capfs.is_mount(src)):
+            return  # dropped already (a crash cleaned up): the home stays as it was
+        done = subprocess.run(["cp", "-a", "--", str(src), str(new)], capture_output=True, text=True)
+        drop(run_dir)
+        if done.returncode != 0:
+            raise OSError(f"copying the agent's home back failed: {done.stderr.strip()}")
+    else:
+        if held is None:
+            return
+        after, _, _ = read_dump(held.dump(run_id, HELD_NAME), new)
+        for rel, entry in sorted(after.items(), key=lambda kv: -kv[0].count("/")):  # deepest first
+            if entry.kind.value == "symlink":
+                continue
+            wanted = stat.S_IRWXU if entry.kind.value == "dir" else stat.S_IRUSR | stat.S_IWUSR
+            os.chmod(new / rel, entry.mode | wanted)  # the agent's modes, readable by us
+        _record(run_dir, "taken")
+    old = home.with_name(home.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if home.exists():
+        os.replace(home, old)
+    os.replace(new, home)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def drop(run_dir: Path) -> None:
+    """Unmount and remove the run's capped copy of the home, if it has one here."""
+    src = run_dir / RUN_HOME
+    if capfs.is_mount(src):
+        capfs.unmount(src)
+    if src.is_dir():
+        shutil.rmtree(src, ignore_errors=True)
+    lent = _lent(run_dir)
+    if lent == "staging":  # only then is staging/home the home's copy (a copy stager's is the agent's)
+        shutil.rmtree(run_dir / "staging" / HELD_NAME, ignore_errors=True)
+    if lent in ("tmpfs", "staging"):
+        _record(run_dir, "taken")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """`src`'s content into `dst` (a fresh mount), owners and modes kept, links never followed."""
+    done = subprocess.run(["cp", "-a", "--", f"{src}/.", str(dst)], capture_output=True, text=True)
+    if done.returncode != 0:
+        drop(dst.parent)
+        raise OSError(f"copying the agent's home for the run failed: {done.stderr.strip()}")
+    st = os.lstat(src)
+    os.chown(dst, st.st_uid, st.st_gid)
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+
+
+def _record(run_dir: Path, where: str) -> None:
+    (run_dir / _LENT).write_text(json.dumps({"copy": where}))
+
+
+def _lent(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / _LENT).read_text()).get("copy", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""

@@ -246,6 +246,12 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         agent_wiring.finish(svc, rec, held)  # the run's token stops working with its container
 
 
+def finish_agent(svc: Service, rec: RunRecord) -> None:
+    """`agent_wiring.finish` for a run whose container this process did not start (re-attached)."""
+    run_dir = svc.state.run_dir(rec.id)
+    agent_wiring.finish(svc, rec, held_upper(svc, rec.agent) if stagers.held_run(run_dir) else None)
+
+
 def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]], ExitInfo | None]) -> ExitInfo:
     """Run or re-attach to the container with live sampling, then record what it did."""
     cfg = svc.policy.agent(rec.agent)

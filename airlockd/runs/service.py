@@ -379,13 +379,16 @@ class Service:
         limits = self.policy.agent(rec.agent).limits
 
         def run() -> ExitInfo:
-            return execution.watch(
-                self,
-                rec,
-                lambda on_output: self.sandbox.attach(
-                    rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
-                ),
-            )
+            try:
+                return execution.watch(
+                    self,
+                    rec,
+                    lambda on_output: self.sandbox.attach(
+                        rec.id, limits, output_so_far=rec.output_bytes, on_output=on_output
+                    ),
+                )
+            finally:
+                execution.finish_agent(self, rec)  # its home comes back from the run's copy
 
         return self._carry(rec, run, progress)
 

@@ -112,12 +112,22 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     return svc.store.update_run(rec.id, record)
 
 
-def held_upper(svc: Service, agent: str) -> HeldUpper | None:
+def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     """The engine's holder of capped upper layers when this process cannot mount one (not
-    root) and the engine can serve the run's overlay; else None."""
+    root) and the engine can serve the run's overlay; else None. Its holders run the agent's
+    image (any image of ours will do without an agent: they need its python3)."""
     if capfs.available() is None:
         return None
+    if agent is None:
+        from airlockd.sandbox.image import image_tag
+
+        return svc.sandbox.held_upper(image_tag(), str(svc.workspace))
     return svc.sandbox.held_upper(svc.image_for(agent), str(svc.workspace))
+
+
+def uses_mirror(svc: Service) -> bool:
+    """Whether the next runs are staged from the workspace's mirror (the overlay stager)."""
+    return stagers.choose(svc.state.root, held_upper(svc)).uses_mirror
 
 
 def used_bytes(svc: Service, rec: RunRecord) -> Callable[[], int | None]:
@@ -201,7 +211,8 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     run_dir = svc.state.run_dir(rec.id)
     held = held_upper(svc, rec.agent) if stagers.held_run(run_dir) else None
     inv = agent_wiring.prepare(svc, rec, cfg, prompt, held)  # opens the run's model gateway if it has one
-    if rec.growth_capped and (used := used_bytes(svc, rec)()) is not None:  # the home's copy is staged, not grown
+    lent_home = cfg.adapter == "codex"  # its home's copy is staged, not grown (agents/homes.py)
+    if lent_home and rec.growth_capped and (used := used_bytes(svc, rec)()) is not None:
         rec = svc.store.update_run(rec.id, lambda r: setattr(r, "staged_bytes", max(r.staged_bytes, used)))
     uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
     user = f"{uid}:{gid}"

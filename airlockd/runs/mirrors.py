@@ -18,9 +18,8 @@ from pathlib import Path
 
 from airlockd.interpreter import module_command
 from airlockd.policy import Level, load_policy
-from airlockd.runs.execution import mirror_owner
+from airlockd.runs.execution import mirror_owner, uses_mirror
 from airlockd.runs.service import Service
-from airlockd.staging import stagers
 from airlockd.staging.keeper import WALK_EVERY_S
 from airlockd.staging.mirror import mirror_for
 from airlockd.staging.records import StagingError
@@ -43,7 +42,7 @@ def keep(service: Service) -> bool:
 
 def refresh_all(service: Service, walk: bool = False) -> None:
     """Refresh each agent clearance's mirror (with `walk`, by a walk in another process)."""
-    if service.keeper is None or not stagers.choose(service.state.root).uses_mirror:
+    if service.keeper is None or not uses_mirror(service):
         return
     for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
         service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)

@@ -203,7 +203,7 @@ class Service:
         few seconds is current enough: a CLI command does not walk the tree twice."""
         now = time.monotonic()
         keeper = self.keeper
-        if keeper is not None and keeper.why is None and stagers.choose(self.state.root).uses_mirror:
+        if keeper is not None and keeper.why is None and execution.uses_mirror(self):
             # the keeper's refresh reads exactly the withheld files that changed since the last one
             keeper.refresh(self.policy, clearance, owner=execution.mirror_owner(), redactor=self.redactor)
             return

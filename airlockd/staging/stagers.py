@@ -279,8 +279,9 @@ class OverlayStager:
         relabelled = len(result.withheld) != before
         tree = view.live_tree if view.live_tree and not relabelled else live_tree_of(req.workspace, result)
         mirror = {k: v for k, v in vars(view.stats).items() if k != "seconds"}
-        used, entries = held.used(req.run_id)
-        return Staged(result, used, tree, mirror, entries)
+        # nothing is staged on the capped filesystem but empty directories and whiteouts (no
+        # blocks): what it holds later is all growth, and asking the engine would cost an exec
+        return Staged(result, 0, tree, mirror, 0)
 
     def staged_root(self, run_dir: Path) -> Path:
         """The upper layer; for one the engine held, the copy read back from it at inspection."""

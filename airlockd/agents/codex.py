@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+import subprocess
 from pathlib import Path
 
 from airlockd.agents.command import Invocation
@@ -65,10 +67,32 @@ def resumable(home: Path, run_dir_of_previous: Path) -> str | None:
     return sid if isinstance(sid, str) and sid in sessions(home) else None
 
 
+def write_config(home: Path, text: str) -> None:
+    """Write `home/config.toml` afresh: whatever is there (a symlink an agent left, pointing
+    anywhere on the host) is removed first, and the new file is created, never opened through
+    a link (O_EXCL | O_NOFOLLOW under the home's own descriptor)."""
+    dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            st = os.stat("config.toml", dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            subprocess.run(["rm", "-rf", "--", str(home / "config.toml")], capture_output=True, check=False)
+        elif st is not None:
+            os.unlink("config.toml", dir_fd=dfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open("config.toml", flags, 0o644, dir_fd=dfd)  # the agent's user reads it
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+    finally:
+        os.close(dfd)
+
+
 def invocation(agent: AgentConfig, prompt: str, home: Path, base_url: str, *, resume: str | None = None) -> Invocation:
     """`codex exec` (or `codex exec resume ID`) with the prompt as its argument; `command` in the
     policy, when given, adds options (e.g. ["-m", "gpt-5"])."""
-    (home / "config.toml").write_text(config_toml(base_url))
+    write_config(home, config_toml(base_url))
     head = ["codex", "exec"] + (["resume"] if resume else [])
     argv = [*head, "--skip-git-repo-check", "--json", *agent.command, "--"]
     argv += [resume, prompt] if resume else [prompt]

@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
 
+from airlockd.errors import AirlockError
 from airlockd.staging import capfs
 from airlockd.staging.base import HeldUpper
+from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge, Tally
 from airlockd.staging.upperdump import read_dump
 
 RUN_HOME = "agent-home"  # in the run's folder: the root's capped copy
@@ -75,38 +76,94 @@ def lend(run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper
     return home
 
 
-def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None) -> None:
+class HomeRefused(AirlockError):
+    """What a run left in its copy of the agent's home is not taken back (over its bounds)."""
+
+    kind = "agent_home"
+
+
+#: How deep below the home a run's copy may go (Codex's own tree is a few levels; a chain of
+#: thousands would break the walks that read the home later).
+HOME_DEPTH = 64
+
+
+def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None, cap_bytes: int) -> None:
     """Make what the run left in its copy the agent's home, and drop the copy. Nothing to do
-    when the run used the home itself. The copy's size was capped; it is read once."""
+    when the run used the home itself. The copy is counted as it is read (entries, depth, bytes
+    up to `cap_bytes`, the home's total), and refused whole, with `HomeRefused`, past a bound:
+    the home then stays as it was. The agent's `config.toml` is never kept (airlockd writes it
+    before each run)."""
     lent = _lent(run_dir)
     if lent not in ("tmpfs", "staging", "held"):
         return
+    bounds = ChangeBounds(entries=INODES, depth=HOME_DEPTH, bytes=cap_bytes)
     new = home.with_name(home.name + ".new")
-    shutil.rmtree(new, ignore_errors=True)
-    if lent in ("tmpfs", "staging"):
-        src = run_dir / RUN_HOME if lent == "tmpfs" else run_dir / "staging" / HELD_NAME
-        if not src.is_dir() or (lent == "tmpfs" and not capfs.is_mount(src)):
-            return  # dropped already (a crash cleaned up): the home stays as it was
-        done = subprocess.run(["cp", "-a", "--", str(src), str(new)], capture_output=True, text=True)
+    remove_tree(new)
+    try:
+        if lent in ("tmpfs", "staging"):
+            src = run_dir / RUN_HOME if lent == "tmpfs" else run_dir / "staging" / HELD_NAME
+            if not src.is_dir() or (lent == "tmpfs" and not capfs.is_mount(src)):
+                return  # dropped already (a crash cleaned up): the home stays as it was
+            check_tree(src, bounds)
+            done = subprocess.run(["cp", "-a", "--", str(src), str(new)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise OSError(f"copying the agent's home back failed: {done.stderr.strip()}")
+        else:
+            if held is None:
+                return
+            after, _, _ = read_dump(held.dump(run_id, HELD_NAME), new, Tally(bounds, lambda rel: False))
+            for rel, entry in sorted(after.items(), key=lambda kv: -kv[0].count("/")):  # deepest first
+                node = new / rel
+                if entry.kind.value not in ("dir", "file") or not node.exists() or node.is_symlink():
+                    continue  # a link, or what the stream carries no content of (fifo, sparse file)
+                wanted = stat.S_IRWXU if entry.kind.value == "dir" else stat.S_IRUSR | stat.S_IWUSR
+                os.chmod(node, entry.mode | wanted)  # the agent's modes, readable by us
+    except ChangeSetTooLarge as over:
+        remove_tree(new)
+        raise HomeRefused(
+            f"the agent's home after run {run_id} is over its bounds, so it is not kept: {over}"
+        ) from None
+    except BaseException:
+        remove_tree(new)
+        raise
+    finally:
         drop(run_dir)
-        if done.returncode != 0:
-            raise OSError(f"copying the agent's home back failed: {done.stderr.strip()}")
-    else:
-        if held is None:
-            return
-        after, _, _ = read_dump(held.dump(run_id, HELD_NAME), new)
-        for rel, entry in sorted(after.items(), key=lambda kv: -kv[0].count("/")):  # deepest first
-            if entry.kind.value == "symlink":
-                continue
-            wanted = stat.S_IRWXU if entry.kind.value == "dir" else stat.S_IRUSR | stat.S_IWUSR
-            os.chmod(new / rel, entry.mode | wanted)  # the agent's modes, readable by us
-        _record(run_dir, "taken")
+    config = new / "config.toml"
+    if config.is_dir() and not config.is_symlink():
+        remove_tree(config)
+    elif config.exists() or config.is_symlink():
+        config.unlink()
     old = home.with_name(home.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
     if home.exists():
         os.replace(home, old)
     os.replace(new, home)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
+
+
+def check_tree(root: Path, bounds: ChangeBounds) -> None:
+    """Count the tree under `root` against `bounds` (entries, depth, allocated bytes with each
+    inode once), without following links and without recursion; ChangeSetTooLarge past one."""
+    tally = Tally(bounds, lambda rel: False)
+    seen: set[tuple[int, int]] = set()
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(root / rel if rel else root) as it:
+            for de in it:
+                sub = f"{rel}/{de.name}" if rel else de.name
+                st = de.stat(follow_symlinks=False)
+                once = stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen
+                seen.add((st.st_dev, st.st_ino))
+                tally.count_node(sub, stat.S_ISREG(st.st_mode), st.st_blocks * 512 if once else 0)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(sub)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove `path` and all below it, however deep (rm: no recursion limit, links not followed)."""
+    if path.exists() or path.is_symlink():
+        subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
 
 
 def drop(run_dir: Path) -> None:
@@ -115,10 +172,10 @@ def drop(run_dir: Path) -> None:
     if capfs.is_mount(src):
         capfs.unmount(src)
     if src.is_dir():
-        shutil.rmtree(src, ignore_errors=True)
+        remove_tree(src)
     lent = _lent(run_dir)
     if lent == "staging":  # only then is staging/home the home's copy (a copy stager's is the agent's)
-        shutil.rmtree(run_dir / "staging" / HELD_NAME, ignore_errors=True)
+        remove_tree(run_dir / "staging" / HELD_NAME)
     if lent in ("tmpfs", "staging"):
         _record(run_dir, "taken")
 

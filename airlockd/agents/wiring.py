@@ -10,7 +10,6 @@ from typing import Any
 from airlockd.agents import codex, homes, sessions
 from airlockd.agents.command import Invocation
 from airlockd.agents.command import invocation as command_invocation
-from airlockd.errors import AirlockError
 from airlockd.gateway import runs as gateway_runs
 from airlockd.policy import AgentConfig
 from airlockd.records import RunRecord
@@ -81,9 +80,10 @@ def finish(service: Any, rec: RunRecord, held: HeldUpper | None = None) -> None:
     if cfg is None or cfg.adapter != "codex":
         return
     run_dir = service.state.run_dir(rec.id)
-    try:
-        homes.take_back(run_dir, sessions.agent_dir(service.state.root, rec.agent) / "home", rec.id, held)
-    except (OSError, AirlockError) as exc:  # the run's fate stands; its turns are not kept
+    home = sessions.agent_dir(service.state.root, rec.agent) / "home"
+    try:  # the home's total is capped at the agent's growth allowance (it grows no further)
+        homes.take_back(run_dir, home, rec.id, held, cfg.limits.workspace_growth_mb * 2**20)
+    except Exception as exc:  # the run's fate stands; its turns are not kept (a hostile copy too)
         service.audit.append(
             "session.home_lost", run=rec.id, agent=rec.agent, policy=rec.policy_revision, error=str(exc)[:500]
         )

@@ -243,6 +243,8 @@ def container_runtimes(client: Any, workspace: Path) -> str:
         )
     if "userns-refused" not in lines:
         raise RuntimeError("under runsc an agent can make a user namespace, where its process cap does not hold")
+    if "ptrace=1" not in lines:
+        raise RuntimeError("under runsc ptrace is not refused: a tracer could rewrite a call past the seccomp profile")
     args = " ".join((table[runtimes.GVISOR] or {}).get("runtimeArgs") or [])
     return detail + (
         f"; runsc probe: gVisor kernel {lines[0]} inside, directories list, threads start, no user namespace"
@@ -251,13 +253,16 @@ def container_runtimes(client: Any, workspace: Path) -> str:
 
 
 #: Under runsc, as a run: the kernel seen, a directory listed, a thread started, clone3's answer
-#: (ENOSYS = 38: libc falls back to clone, whose flags the profile reads), and no user namespace.
+#: (ENOSYS = 38: libc falls back to clone, whose flags the profile reads), no user namespace, and
+#: ptrace refused (EPERM = 1).
 GVISOR_PROBE = (
     "uname -r && ls / >/dev/null && echo listed;"
     " python3 -c 'import threading; t = threading.Thread(target=print, args=(\"threads\",)); t.start(); t.join()';"
     " python3 -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.syscall(435, 0, 0);"
     ' print("clone3=%d" % ctypes.get_errno())\';'
-    " unshare -U true 2>/dev/null || echo userns-refused"
+    " unshare -U true 2>/dev/null || echo userns-refused;"
+    " python3 -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.ptrace(0, 0, 0, 0);"
+    ' print("ptrace=%d" % ctypes.get_errno())\''
 )
 
 

@@ -13,7 +13,10 @@ EPERM:
   the process cap and the container's view hold;
 - mounting and the new mount API, keyrings, BPF, perf events, userfaultfd, module and kexec
   loading, the kernel log, swap, reboot, accounting and quotas: what the agent has no use for
-  and a kernel (gVisor's here) has the most surface in.
+  and a kernel (gVisor's here) has the most surface in;
+- `ptrace` and cross-process memory access: this gVisor checks the filter before a tracer may
+  rewrite a call at its entry stop, not after, so a traced child's harmless call could become
+  `unshare` (found by the second attack review). No debugger or `strace` under runsc.
 `clone3` is allowed: gVisor's kernel of that release does not implement it and answers ENOSYS
 itself, so libc falls back to `clone`, which the profile reads. A runsc whose kernel implements
 `clone3` would let a namespace flag through it; `airlockd doctor`'s probe under runsc checks that
@@ -57,6 +60,11 @@ REFUSED = (
     "reboot",
     "acct",
     "quotactl",
+    # this gVisor checks the filter before a ptrace syscall-entry stop and not after the tracer
+    # rewrote the call: a traced child's getppid() became unshare(CLONE_NEWUSER) (attack review)
+    "ptrace",
+    "process_vm_writev",
+    "process_vm_readv",
 )
 EPERM = 1
 NAME = "airlockd-gvisor"  # how the evidence names it

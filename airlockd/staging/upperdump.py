@@ -10,8 +10,9 @@ reads it from there as it does from a local upper layer.
 The stream, one node after another in pre-order (a directory before what it holds):
 
     {"p": HEX(path), "m": st_mode, "s": size, "r": rdev, "t": HEX(link target), "q": opaque,
-     "sp": sparse}\\n  then, for a regular file that is not sparse, `s` bytes and one status byte
-    (b"." whole, b"!" cut short: the file shrank while it was read)
+     "sp": sparse, "h": HEX(an earlier path of the same inode: a hard link, sent once)}\\n
+    then, for a regular file that is not sparse nor a hard link sent before, `s` bytes and one
+    status byte (b"." whole, b"!" cut short: the file shrank while it was read)
 
 Paths and targets are hex of their bytes (a name may be any bytes). Nothing of the stream is
 trusted: a path that is not a clean relative path under a directory the stream already gave, a
@@ -41,9 +42,10 @@ DUMP = r"""
 import os, stat, sys, json
 out = sys.stdout.buffer
 OPAQUE = sys.argv[2]
-def header(rel, st, target=b"", opaque=False, sparse=False):
+links = {}
+def header(rel, st, target=b"", opaque=False, sparse=False, same=b""):
     h = {"p": rel.hex(), "m": st.st_mode, "s": st.st_size, "r": st.st_rdev, "t": target.hex(),
-         "q": opaque, "sp": sparse}
+         "q": opaque, "sp": sparse, "h": same.hex()}
     out.write(json.dumps(h).encode() + b"\n")
 def opaque_at(fd):
     try:
@@ -72,9 +74,13 @@ def walk(fd, rel):
             os.close(sub)
         elif stat.S_ISLNK(st.st_mode):
             header(path, st, target=os.readlink(name, dir_fd=fd))
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and (st.st_dev, st.st_ino) in links:
+            header(path, st, same=links[(st.st_dev, st.st_ino)])  # a hard link: no content again
         elif stat.S_ISREG(st.st_mode):
             sparse = st.st_blocks * 512 < st.st_size
             header(path, st, sparse=sparse)
+            if st.st_nlink > 1 and not sparse:
+                links[(st.st_dev, st.st_ino)] = path
             if not sparse:
                 content(fd, name, st.st_size)
         else:
@@ -145,6 +151,7 @@ class _Dest:
 
     def __init__(self, dest: Path) -> None:
         dest.mkdir(mode=0o700)
+        self.root = str(dest)
         self.stack: list[tuple[str, int]] = [("", os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))]
 
     def parent_fd(self, rel: str) -> int:
@@ -163,6 +170,10 @@ class _Dest:
 
     def link(self, rel: str, target: str) -> None:
         os.symlink(target, rel.rpartition("/")[2], dir_fd=self.parent_fd(rel))
+
+    def hard_link(self, existing: str, rel: str) -> None:
+        """`rel` as another name of the file written as `existing` (under the same root)."""
+        os.link(os.path.join(self.root, existing), rel.rpartition("/")[2], dst_dir_fd=self.parent_fd(rel))
 
     def file(self, rel: str) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -199,8 +210,11 @@ def read_dump(
             if rel.rpartition("/")[0] not in dirs or rel in after or rel in whiteouts:
                 raise StagingError(f"the upper layer's stream gives {rel!r} out of order or twice")
             sparse = bool(h.get("sp")) and stat.S_ISREG(mode)
-            if tally is not None:
-                tally.count_node(rel, stat.S_ISREG(mode), 0 if sparse else size)
+            same = _rel(h["h"]) if h.get("h") else None
+            if same is not None and (same not in after or after[same].sha256 is None):
+                raise StagingError(f"the upper layer's stream links {rel!r} to {same!r}, which it has not given")
+            if tally is not None:  # a hard link adds no bytes: its content is read (and written) once
+                tally.count_node(rel, stat.S_ISREG(mode), 0 if sparse or same else size)
             perm = stat.S_IMODE(mode)
             if stat.S_ISCHR(mode) and rdev == 0:
                 whiteouts.append(rel)
@@ -216,6 +230,10 @@ def read_dump(
                 after[rel] = Entry(Kind.SYMLINK, perm, 0, None, target)
                 if out is not None:
                     out.link(rel, target)
+            elif stat.S_ISREG(mode) and same is not None:
+                after[rel] = Entry(Kind.FILE, perm, after[same].size, after[same].sha256)
+                if out is not None:
+                    out.hard_link(same, rel)
             elif stat.S_ISREG(mode) and sparse:
                 after[rel] = Entry(Kind.FILE, perm, size, None)  # never read: no hash, no commit
             elif stat.S_ISREG(mode):

@@ -171,3 +171,28 @@ def test_the_agents_home_is_capped_like_its_workspace(
     assert rec2.state is RunState.PROPOSED, (rec2.state, rec2.error, rec2.limit)
     svc.review.approve(rec2.id)
     assert (home / "note.txt").read_text() == "kept\n"
+
+
+def test_a_link_the_agent_leaves_for_its_config_is_never_followed(
+    tmp_path: Path, model: ScriptedModel, real_key: str
+) -> None:
+    """Codex makes $CODEX_HOME/config.toml a link to a host file (attack review: the next run's
+    config write replaced that file); the next run writes its config afresh, the file stays."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("host content\n")
+    victim.chmod(0o666)  # writable by anyone: only the link could protect it
+    model.replies = [
+        Reply([exec_call(f"ln -sfn {victim} $CODEX_HOME/config.toml; echo x > x.txt")], usage(5, 1)),
+        Reply([message("linked")], usage(5, 1)),
+    ]
+    ws = make_ws(tmp_path, model.url)
+    svc = Service(ws)
+    rec = svc.execute(svc.submit("codex", "link your config").id)
+    assert rec.state is RunState.PROPOSED, (rec.state, rec.error)
+    svc.review.approve(rec.id)
+    model.replies = [Reply([exec_call("echo y > y.txt")], usage(5, 1)), Reply([message("ok")], usage(5, 1))]
+    rec2 = svc.execute(svc.submit("codex", "again").id)
+    assert victim.read_text() == "host content\n"
+    assert rec2.state is RunState.PROPOSED, (rec2.state, rec2.error, rec2.limit)
+    home = svc.state.root / "agents" / "codex" / "home"
+    assert not (home / "config.toml").is_symlink()

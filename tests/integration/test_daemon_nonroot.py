@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from nonroot import as_user, ensure_tester, home_for, interpreter_for
 
@@ -195,3 +196,35 @@ def test_a_user_gets_secrets_absent_and_the_reviewers_protections_too(person: Pe
     for p in person.state.rglob("*"):
         if p.is_file() and not p.is_symlink():
             assert value.encode() not in p.read_bytes(), p
+
+
+HOSTILE = {  # prompt, the limit it must end at (as for root: test_containment.py, test_limits.py)
+    "fork bomb": ("bomb() { bomb | bomb & }; bomb; sleep 30", {"pids", "wall_time"}),
+    "memory hog": ("python3 -c 'a = bytearray(900 << 20); import time; time.sleep(30)'", {"memory"}),
+    "output flood": ("yes flood", {"output"}),
+    "disk filler": ("dd if=/dev/zero of=fill bs=1M count=200", {"workspace_growth"}),
+    "SIGTERM ignorer": ("trap '' TERM; while :; do sleep 1; done", {"wall_time"}),
+}
+
+
+def test_hostile_agents_meet_their_limits_for_a_user_who_is_not_root(person: Person, runtime: str) -> None:
+    """The containment a run gets as root, as the user gets it (overlay through the engine, its
+    capped upper layer held by the engine), under runc and under gVisor: each hostile agent ends
+    at its limit, counted, and leaves no container, holder or volume behind."""
+    with (person.ws / "policies.toml").open("a") as fh:
+        fh.write(
+            f'\n[agents.hostile]\ncommand = ["bash", "-c", "{{prompt}}"]\nprompt = "argv"\nruntime = "{runtime}"\n'
+            "[agents.hostile.limits]\nwall_time_s = 12\ngrace_s = 1\npids = 32\nmemory_mb = 128\n"
+            "output_bytes = 100000\nworkspace_growth_mb = 16\n"
+            "[agents.hostile.admission]\nquarantine_after = 100\n"
+        )
+    client = docker.from_env()
+    for name, (prompt, limits) in HOSTILE.items():
+        code, run, err = person.cli("run", "--agent", "hostile", "--wait", prompt, timeout=120)
+        assert run is not None and run["state"] == "limit_exceeded", (name, code, run, err)
+        assert run["limit"]["limit"] in limits, (name, run["limit"])
+        assert run["stager"] == "overlay" and run["container"]["runtime"] == runtime, (name, run.get("stager"))
+        left = client.containers.list(all=True, filters={"label": f"airlockd.run={run['id']}"})
+        held = client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})
+        assert not left and not held, (name, left, held)
+        assert not client.volumes.list(filters={"name": f"airlockd-up-{run['id']}"}), name

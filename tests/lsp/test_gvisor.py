@@ -165,10 +165,12 @@ async def test_no_user_namespace_lets_the_agent_past_its_cap_and_threads_still_s
     probe = (
         "unshare -Ur id 2>&1; unshare -U true 2>&1; "
         "python3 -c 'import threading; t = threading.Thread(target=print, args=(\"thread-ran\",)); t.start(); t.join()'"
-        " 2>&1; echo done"
+        " 2>&1; python3 -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.ptrace(0, 0, 0, 0);"
+        ' print("ptrace-errno", ctypes.get_errno())\'; echo done'
     )
     _, run, err = await cli(c, "run", "--agent", "hard", "--wait", probe)
     assert run is not None, err
     out = (next(Path(c.state).glob(f"*/runs/{run['id']}/output.log"))).read_text()
     assert out.count("Operation not permitted") == 2 and "uid=0" not in out, out
     assert "thread-ran" in out and "done" in out, out
+    assert "ptrace-errno 1" in out, out  # a tracer could otherwise rewrite a call past the filter

@@ -100,3 +100,28 @@ def test_whiteouts_and_opaque_directories_are_read_from_the_stream(tmp_path: Pat
     after, whiteouts, opaque = read_dump([stream], tmp_path / "dest")
     assert whiteouts == ["gone"] and opaque == ["d"] and set(after) == {"d", "d/n"}
     assert not (tmp_path / "dest/gone").exists()
+
+
+def test_hard_links_are_sent_once_and_written_as_links(tmp_path: Path) -> None:
+    """A 1 MB file with 50 more names costs 1 MB of stream and of disk here, not 51 (an agent's
+    hard links must not multiply what the host writes)."""
+    root = tmp_path / "upper"
+    root.mkdir()
+    (root / "big").write_bytes(os.urandom(1 << 20))
+    for i in range(50):
+        os.link(root / "big", root / f"link{i}")
+    stream = dumped(root)
+    assert len(stream) < (1 << 20) + 50_000
+    local, _, _ = overlay.scan_upper(root)
+    after, _, _ = read_dump([stream], tmp_path / "dest")
+    assert after == local
+    dest = tmp_path / "dest"
+    assert os.stat(dest / "link7").st_ino == os.stat(dest / "big").st_ino
+    tally = Tally(ChangeBounds(entries=100, depth=10, bytes=2 << 20), lambda rel: False)
+    read_dump([stream], tmp_path / "again", tally)  # the links count no bytes against the bound
+
+
+def test_a_hard_link_to_what_the_stream_never_gave_is_an_error(tmp_path: Path) -> None:
+    stream = line(b"f", h=b"ghost".hex())
+    with pytest.raises(StagingError, match="links"):
+        read_dump([stream], tmp_path / "dest")

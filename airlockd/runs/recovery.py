@@ -111,6 +111,7 @@ def sweep(svc: Service, folders: bool = True) -> dict[str, int]:
         if rec is None or rec.compacted_at is not None:
             if capfs.is_mount(run_dir / "staging"):
                 capfs.unmount(run_dir / "staging")
+            homes.drop(run_dir)  # a copy of the agent's home a crash left mounted
             shutil.rmtree(run_dir, ignore_errors=True)
             swept_folders += 1
         elif rec.state in decided and staged:

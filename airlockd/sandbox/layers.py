@@ -34,7 +34,7 @@ import logging
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -245,25 +245,6 @@ def release(client: Any, run_id: str) -> None:
         pass
     except docker.errors.DockerException as exc:
         log.error("cannot remove the capped volume of run %s: %s", run_id, exc)
-
-
-def sweep(client: Any, is_live: Callable[[str], bool]) -> list[str]:
-    """Release the held layers of every run that is not live; the runs released."""
-    gone: list[str] = []
-    try:
-        holders = client.api.containers(all=True, filters={"label": f"{ROLE_LABEL}={ROLE}"})
-        vols = client.api.volumes(filters={"label": f"{ROLE_LABEL}={ROLE}"}).get("Volumes") or []
-    except docker.errors.DockerException as exc:
-        log.error("cannot list held upper layers: %s", exc)
-        return gone
-    runs = {c.get("Labels", {}).get(HELD_LABEL) for c in holders} | {
-        (v.get("Labels") or {}).get(HELD_LABEL) for v in vols
-    }
-    for run_id in sorted(r for r in runs if r):
-        if not is_live(run_id):
-            release(client, run_id)
-            gone.append(run_id)
-    return gone
 
 
 class EngineUpper:

@@ -154,7 +154,7 @@ def test_tmp_is_a_bounded_tmpfs_and_home_lives_there(run: Callable[..., ExitInfo
     assert info.effective["tmpfs"] == {"/tmp": "size=8m,mode=1777"}
 
 
-def test_no_privileges(run: Callable[..., ExitInfo]) -> None:
+def test_no_privileges(run: Callable[..., ExitInfo], runtime: str) -> None:
     # the no_new_privs bit by prctl(PR_GET_NO_NEW_PRIVS): gVisor's /proc/self/status has no line for it
     nnp = "python3 -c 'import ctypes; print(\"NoNewPrivs:\\t%d\" % ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"
     info = run(sh(f"id -u; grep -E '^(CapEff|CapPrm|CapBnd):' /proc/self/status; {nnp}"))
@@ -165,9 +165,11 @@ def test_no_privileges(run: Callable[..., ExitInfo]) -> None:
     assert int(status["CapBnd"], 16) == 0
     assert status["NoNewPrivs"] == "1"
     eff = info.effective
+    # under runsc, airlockd's own seccomp profile (sandbox/seccomp.py); under runc, the engine's default
+    profile = [] if runtime == "runc" else ["seccomp=airlockd-gvisor"]
     assert (eff["cap_drop"], eff["security_opt"], eff["user"]) == (
         ["ALL"],
-        ["no-new-privileges"],
+        ["no-new-privileges", *profile],
         "1000:1000",
     )
     assert eff["privileged"] is False and eff["init"] is True

@@ -28,7 +28,8 @@ ROUNDS = 5
 SCRIPT = textwrap.dedent(
     """
     import json, os, statistics, subprocess, sys, time
-        from airlockd.runs.service import Service
+    from pathlib import Path
+    from airlockd.runs.service import Service
 
     tree, work, rounds, image = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 

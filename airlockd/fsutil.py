@@ -49,3 +49,39 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
 # waiter looks again every 2 ms, not filelock's default 50 ms, which a run paid several times over
 # whenever a daemon read the store meanwhile.
 LOCK_POLL_S = 0.002
+
+
+def remove_tree(path: Path) -> None:
+    """Remove `path` and everything below it, however deep, never following a link: `rm -rf`
+    (Python 3.11's `shutil.rmtree` recurses once a level and dies past about 1,000; a tree an
+    agent made may be deeper). Never raises; what cannot be removed stays."""
+    import subprocess
+
+    if os.path.lexists(path):
+        subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes under `path` by allocated blocks, links not followed, without recursion."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    total = st.st_blocks * 512
+    stack = [str(path)] if stat.S_ISDIR(st.st_mode) else []
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for de in it:
+                    try:
+                        sub = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    total += sub.st_blocks * 512
+                    if stat.S_ISDIR(sub.st_mode):
+                        stack.append(de.path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return total

@@ -45,16 +45,30 @@ def config_toml(base_url: str) -> str:
     )
 
 
+SESSION_DEPTH = 8  # Codex keeps sessions/YYYY/MM/DD/rollout-*.jsonl
+
+
 def sessions(home: Path) -> dict[str, Path]:
-    """Session id -> rollout file, for every Codex session recorded in `home`."""
+    """Session id -> rollout file, for every Codex session recorded in `home`. Never follows a
+    link (an agent may leave `sessions` pointing anywhere on the host: attack review) and never
+    recurses (a tree may be as deep as an agent made it): SESSION_DEPTH levels at most."""
     found: dict[str, Path] = {}
     root = home / "sessions"
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():
         return found
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            if m := _ROLLOUT.search(name):
-                found[m.group(1)] = Path(dirpath) / name
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for de in it:
+                    if de.is_dir(follow_symlinks=False):
+                        if depth < SESSION_DEPTH:
+                            stack.append((Path(de.path), depth + 1))
+                    elif de.is_file(follow_symlinks=False) and (m := _ROLLOUT.search(de.name)):
+                        found[m.group(1)] = Path(de.path)
+        except OSError:
+            continue
     return found
 
 

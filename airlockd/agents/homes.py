@@ -28,9 +28,13 @@ import json
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock
+
 from airlockd.errors import AirlockError
+from airlockd.fsutil import remove_tree, tree_bytes
 from airlockd.staging import capfs
 from airlockd.staging.base import HeldUpper
 from airlockd.staging.bounds import ChangeBounds, ChangeSetTooLarge, Tally
@@ -44,12 +48,15 @@ INODES = 200_000
 
 def home_bytes(home: Path) -> int:
     """What a copy of `home` takes (allocated bytes of everything in it, links not followed)."""
-    total = 0
-    for dirpath, dirs, files in os.walk(home):
-        for name in dirs + files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
+    return tree_bytes(home)
+
+
+@contextlib.contextmanager
+def locked(home: Path) -> Iterator[None]:
+    """One process at a time reads or replaces an agent's home (two runs of an agent may end
+    together: their take-backs would mix, attack review)."""
+    with FileLock(str(home.with_name(home.name + ".lock"))):
+        yield
 
 
 def lend(run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper | None) -> Path:
@@ -97,7 +104,7 @@ def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None, ca
     if lent not in ("tmpfs", "staging", "held"):
         return
     bounds = ChangeBounds(entries=INODES, depth=HOME_DEPTH, bytes=cap_bytes)
-    new = home.with_name(home.name + ".new")
+    new = home.with_name(f"{home.name}.new.{run_id}")
     remove_tree(new)
     try:
         if lent in ("tmpfs", "staging"):
@@ -111,7 +118,8 @@ def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None, ca
         else:
             if held is None:
                 return
-            after, _, _ = read_dump(held.dump(run_id, HELD_NAME), new, Tally(bounds, lambda rel: False))
+            tally = Tally(bounds, lambda rel: False)
+            after, _, _ = read_dump(held.dump(run_id, HELD_NAME), new, tally, links_once=True)
             for rel, entry in sorted(after.items(), key=lambda kv: -kv[0].count("/")):  # deepest first
                 node = new / rel
                 if entry.kind.value not in ("dir", "file") or not node.exists() or node.is_symlink():
@@ -133,11 +141,12 @@ def take_back(run_dir: Path, home: Path, run_id: str, held: HeldUpper | None, ca
         remove_tree(config)
     elif config.exists() or config.is_symlink():
         config.unlink()
-    old = home.with_name(home.name + ".old")
+    old = home.with_name(f"{home.name}.old.{run_id}")
     remove_tree(old)
-    if home.exists():
-        os.replace(home, old)
-    os.replace(new, home)
+    with locked(home):
+        if home.exists():
+            os.replace(home, old)
+        os.replace(new, home)
     remove_tree(old)
 
 
@@ -158,12 +167,6 @@ def check_tree(root: Path, bounds: ChangeBounds) -> None:
                 tally.count_node(sub, stat.S_ISREG(st.st_mode), st.st_blocks * 512 if once else 0)
                 if stat.S_ISDIR(st.st_mode):
                     stack.append(sub)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove `path` and all below it, however deep (rm: no recursion limit, links not followed)."""
-    if path.exists() or path.is_symlink():
-        subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
 
 
 def drop(run_dir: Path) -> None:

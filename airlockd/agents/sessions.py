@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from airlockd.agents import homes
 from airlockd.records import RunRecord, RunState
 
 SNAPSHOT = "agent-home.before"
@@ -79,9 +80,10 @@ def settle(service: Any, rec: RunRecord, dst: RunState) -> None:
     h = adir / "home"
     old = adir / f"home.rolled-back.{rec.id}"
     try:
-        if h.exists():
-            os.replace(h, old)
-        os.replace(snap, h)
+        with homes.locked(h):  # not while another run's copy replaces it
+            if h.exists():
+                os.replace(h, old)
+            os.replace(snap, h)
     except OSError as exc:  # the run's fate stands; the conversation could not follow it
         service.audit.append("session.rollback_failed", **fields, error=str(exc))
         return

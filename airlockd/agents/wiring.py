@@ -52,13 +52,15 @@ def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: 
                 if resume
                 else "that run's conversation is not in the agent's home (rolled back or never made)",
             )
-        sessions.snapshot(service.state.root, rec, run_dir)
+        with homes.locked(home):  # not while another run's copy replaces it
+            sessions.snapshot(service.state.root, rec, run_dir)
         inv = codex.invocation(cfg, prompt, home, gateway_runs.BASE_URL, resume=resume)
         (run_dir / codex.SESSION_FILE).write_text(
             json.dumps({"before": sorted(codex.sessions(home)), "resume": resume})
         )
         cap = cfg.limits.workspace_growth_mb * 2**20
-        lent = homes.lend(run_dir, home, cap, rec.id, held)  # a capped copy: never the home itself
+        with homes.locked(home):
+            lent = homes.lend(run_dir, home, cap, rec.id, held)  # a capped copy: never the home itself
         mounts = [(lent if src == home else src, target, ro) for src, target, ro in inv.mounts]
         return Invocation(inv.argv, inv.stdin_file, inv.env, mounts)
     return command_invocation(cfg, prompt, run_dir)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from airlockd.agents import homes
 from airlockd.errors import AirlockError, EngineError, NotFoundError, UsageError
+from airlockd.fsutil import remove_tree
 from airlockd.interpreter import module_command
 from airlockd.pipeline.commit import recover
 from airlockd.records import LIVE_STATES, RunRecord, RunState
@@ -112,7 +112,7 @@ def sweep(svc: Service, folders: bool = True) -> dict[str, int]:
             if capfs.is_mount(run_dir / "staging"):
                 capfs.unmount(run_dir / "staging")
             homes.drop(run_dir)  # a copy of the agent's home a crash left mounted
-            shutil.rmtree(run_dir, ignore_errors=True)
+            remove_tree(run_dir)
             swept_folders += 1
         elif rec.state in decided and staged:
             try:
@@ -221,7 +221,7 @@ def _keep_held(svc: Service, rec: RunRecord) -> None:
             entries=over.measured if over.limit == "changed_files" else 0,
             bytes=over.measured if over.limit == "changed_mb" else 0, why=why,
         )  # fmt: skip
-        shutil.rmtree(run_dir / "staging" / "upper", ignore_errors=True)
+        remove_tree(run_dir / "staging" / "upper")
         (run_dir / "staging.dropped").write_text(why + "\n")
     except AirlockError as exc:
         log.warning("the upper layer of run %s could not be kept for inspection: %s", rec.id, exc.message)
@@ -239,7 +239,7 @@ def cleanup_staging(svc: Service, rec: RunRecord) -> None:
         held.release(rec.id)
     if capfs.is_mount(staging):
         capfs.unmount(staging)
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_tree(staging)
 
 
 def process_start(pid: int) -> int | None:

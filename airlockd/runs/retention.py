@@ -12,17 +12,16 @@ crash test).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airlockd.errors import AirlockError
+from airlockd.fsutil import remove_tree, tree_bytes
 from airlockd.records import RunRecord
 from airlockd.staging import capfs
 
@@ -53,18 +52,7 @@ def undo_open_until(svc: Service, rec: RunRecord) -> float | None:
 
 def _size(path: Path) -> int:
     """Bytes under `path` by allocated blocks, links not followed (bounded by what is there)."""
-    total = 0
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return 0
-    total += st.st_blocks * 512
-    if path.is_dir() and not path.is_symlink():
-        for root, dirs, files in os.walk(path):
-            for name in dirs + files:
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
+    return tree_bytes(path)
 
 
 def journals(svc: Service, run_id: str) -> list[str]:
@@ -89,7 +77,7 @@ def _remove(path: Path) -> None:
         staging = path / "staging"
         if capfs.is_mount(staging):
             capfs.unmount(staging)
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)  # a kept staging copy may be as deep as an agent made it
     else:
         path.unlink(missing_ok=True)
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airlockd.fsutil import atomic_write_bytes
+from airlockd.fsutil import atomic_write_bytes, remove_tree
 from airlockd.pipeline.manifest import ChangeSet, Entry, Kind, Manifest, load_manifest, save_manifest
 from airlockd.staging import capfs, gitcopy, overlay
 from airlockd.staging.base import Base, HeldUpper, Staged, Stager, StageRequest
@@ -161,7 +160,7 @@ def read_back(run_dir: Path, chunks: Iterable[bytes], base: Base, bounds: Change
         return
     upper = staging / "upper"
     if upper.exists():  # a read cut short before (a crash): start again
-        shutil.rmtree(upper)
+        remove_tree(upper)
     tally = None if bounds is None else Tally(bounds, lambda rel: base.get(rel) is not None)
     after, whiteouts, opaque = read_dump(chunks, upper, tally)
     doc = {"after": {p: e.to_json() for p, e in after.items()}, "whiteouts": whiteouts, "opaque": opaque}

@@ -186,13 +186,14 @@ class _Dest:
 
 
 def read_dump(
-    chunks: Iterable[bytes], dest: Path | None, tally: Tally | None = None
+    chunks: Iterable[bytes], dest: Path | None, tally: Tally | None = None, *, links_once: bool = False
 ) -> tuple[Manifest, list[str], list[str]]:
     """(entries of every non-whiteout node, whiteout paths, opaque directory paths) of the upper
     layer `DUMP` streamed as `chunks`, as `overlay.scan_upper` gives them for a local one; each
     file's content is hashed as it passes and, with `dest` (created; it must not exist), written
     there (files 0600, directories 0700: the entries keep the modes the agent left). Each node is
-    counted by `tally` first, which raises `ChangeSetTooLarge` at a bound before it is read."""
+    counted by `tally` first, which raises `ChangeSetTooLarge` at a bound before it is read; a
+    hard link's bytes count for each name unless `links_once`."""
     src = _Reader(chunks)
     out = None if dest is None else _Dest(dest)
     after: Manifest = {}
@@ -213,8 +214,9 @@ def read_dump(
             same = _rel(h["h"]) if h.get("h") else None
             if same is not None and (same not in after or after[same].sha256 is None):
                 raise StagingError(f"the upper layer's stream links {rel!r} to {same!r}, which it has not given")
-            if tally is not None:  # a hard link adds no bytes: its content is read (and written) once
-                tally.count_node(rel, stat.S_ISREG(mode), 0 if sparse or same else size)
+            if tally is not None:  # a hard link is read and written here once; landing it writes a
+                # file per name, so for a change set each name counts (`links_once`: a home)
+                tally.count_node(rel, stat.S_ISREG(mode), 0 if sparse or (same and links_once) else size)
             perm = stat.S_IMODE(mode)
             if stat.S_ISCHR(mode) and rdev == 0:
                 whiteouts.append(rel)

@@ -58,3 +58,58 @@ def test_the_agents_config_is_never_kept_and_a_link_in_its_place_is_never_follow
     codex.write_config(home, "model_provider = 'x'\n")
     assert victim.read_text() == "host file\n"
     assert not (home / "config.toml").is_symlink() and "model_provider" in (home / "config.toml").read_text()
+
+
+def test_sessions_are_never_looked_for_through_a_link(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "host" / "2026" / "12"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "rollout-x-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa.jsonl").write_text("{}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "sessions").symlink_to(tmp_path / "host")
+    assert codex.sessions(home) == {}
+    (home / "sessions").unlink()
+    (home / "sessions" / "2026").mkdir(parents=True)
+    (home / "sessions" / "2026" / "link").symlink_to(elsewhere)
+    mine = home / "sessions" / "2026" / "rollout-y-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb.jsonl"
+    mine.write_text("{}\n")
+    assert set(codex.sessions(home)) == {"bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb"}
+
+
+def test_a_tree_deeper_than_python_recurses_is_sized_and_removed(tmp_path: Path) -> None:
+    from airlockd.fsutil import remove_tree, tree_bytes
+
+    deep = tmp_path / "run"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1500):  # os.makedirs recurses too
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    assert tree_bytes(deep) >= 1500 * 4096
+    remove_tree(deep)  # else pytest's own clean-up of tmp_path would die of it
+    assert not deep.exists()
+
+
+def test_two_runs_ending_together_leave_one_runs_home_whole(tmp_path: Path) -> None:
+    import threading
+
+    home = tmp_path / "agents" / "codex" / "home"
+    home.mkdir(parents=True)
+    runs = []
+    for name in ("r1", "r2"):
+        copy = tmp_path / name / "staging" / "home"
+        copy.mkdir(parents=True)
+        for i in range(200):
+            (copy / f"{name}-{i}").write_text(name)
+        (tmp_path / name / "agent-home.json").write_text('{"copy": "staging"}')
+        runs.append(threading.Thread(target=homes.take_back, args=(tmp_path / name, home, name, None, 1 << 24)))
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join()
+    names = {p.name.split("-")[0] for p in home.iterdir()}
+    assert names in ({"r1"}, {"r2"}) and len(list(home.iterdir())) == 200
+    assert [p.name for p in home.parent.iterdir() if p.name.startswith("home.")] == ["home.lock"]

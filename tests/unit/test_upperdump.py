@@ -117,8 +117,12 @@ def test_hard_links_are_sent_once_and_written_as_links(tmp_path: Path) -> None:
     assert after == local
     dest = tmp_path / "dest"
     assert os.stat(dest / "link7").st_ino == os.stat(dest / "big").st_ino
-    tally = Tally(ChangeBounds(entries=100, depth=10, bytes=2 << 20), lambda rel: False)
-    read_dump([stream], tmp_path / "again", tally)  # the links count no bytes against the bound
+    bounds = ChangeBounds(entries=100, depth=10, bytes=2 << 20)
+    read_dump([stream], tmp_path / "again", Tally(bounds, lambda rel: False), links_once=True)  # a home
+    # a change set counts each name: landing it writes a file per name (third attack review)
+    with pytest.raises(ChangeSetTooLarge) as err:
+        read_dump([stream], tmp_path / "once-more", Tally(bounds, lambda rel: False))
+    assert err.value.limit == "changed_mb"
 
 
 def test_a_hard_link_to_what_the_stream_never_gave_is_an_error(tmp_path: Path) -> None:

@@ -233,18 +233,17 @@ def find(client: Any, run_id: str) -> HeldLayers | None:
 def release(client: Any, run_id: str) -> None:
     """Remove the run's holder and its volume (everything the agent wrote with them); no-op for
     what is already gone. Logs what the engine refuses."""
-    try:
-        client.api.remove_container(holder_name(run_id), force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.DockerException as exc:
-        log.error("cannot remove the holder of run %s: %s", run_id, exc)
-    try:
-        client.api.remove_volume(volume_name(run_id), force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.DockerException as exc:
-        log.error("cannot remove the capped volume of run %s: %s", run_id, exc)
+    steps = (
+        ("holder", lambda: client.api.remove_container(holder_name(run_id), force=True)),
+        ("capped volume", lambda: client.api.remove_volume(volume_name(run_id), force=True)),
+    )  # the holder first: a volume in use cannot go
+    for what, remove in steps:
+        try:
+            remove()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            log.error("cannot remove the %s of run %s: %s", what, run_id, exc)
 
 
 class EngineUpper:

@@ -4,7 +4,6 @@ failed), and what no live run owns (containers, run folders, staging copies)."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -148,19 +147,23 @@ def reattach(svc: Service, rec: RunRecord) -> bool:
     if not exists:
         return False
 
-    def claim(r: RunRecord) -> None:  # ours until the new process claims it for itself
-        r.owner_pid, r.owner_start = os.getpid(), process_start(os.getpid())
-
-    svc.store.update_run(rec.id, claim)
     log_file = svc.state.run_dir(rec.id) / "daemon.log"
     with log_file.open("ab") as err:
-        subprocess.Popen(
+        child = subprocess.Popen(
             module_command("airlockd.runs.carrier", "--workspace", str(svc.workspace), "--resume", rec.id),
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
+
+    def claim(r: RunRecord) -> None:  # the new process's from now on, before it claims it itself
+        r.owner_pid, r.owner_start = child.pid, process_start(child.pid)
+
+    # Claimed for the child, not for this process: a short-lived command that claimed it for
+    # itself would be gone before the child started, and the next command would re-attach a
+    # second process to the same run (two carriers, one dumping what the other released).
+    svc.store.update_run(rec.id, claim)
     return True
 
 

@@ -50,12 +50,12 @@ class Person:
             **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if "DOCKER_HOST" in os.environ else {}),
         }
 
-    def cli(self, *argv: str, timeout: float = 180) -> tuple[int, Any, str]:
+    def cli(self, *argv: str, timeout: float = 180, daemon: str = "auto") -> tuple[int, Any, str]:
         proc = subprocess.run(
             as_user(self.uid, [str(self.prefix / "bin" / "airlockd"), "--workspace", str(self.ws), "--json", *argv]),
             capture_output=True,
             text=True,
-            env=self.env(),
+            env={**self.env(), "AIRLOCK_DAEMON": daemon},
             timeout=timeout,
             cwd="/",
         )
@@ -228,3 +228,31 @@ def test_hostile_agents_meet_their_limits_for_a_user_who_is_not_root(person: Per
         held = client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})
         assert not left and not held, (name, left, held)
         assert not client.volumes.list(filters={"name": f"airlockd-up-{run['id']}"}), name
+
+
+def test_a_run_whose_process_dies_is_reattached_for_a_user_who_is_not_root(person: Person, runtime: str) -> None:
+    """The process carrying the user's run dies while the agent runs: the next command hands the
+    container to a new process, and the upper layer the engine still holds is read back and
+    proposed as if nothing had happened. Under runc and under runsc."""
+    with (person.ws / "policies.toml").open("a") as fh:
+        fh.write(f'\n[agents.slow]\ncommand = ["bash", "-c", "{{prompt}}"]\nprompt = "argv"\nruntime = "{runtime}"\n')
+    code, run, err = person.cli("run", "--agent", "slow", "sleep 4; echo done > done.txt", daemon="off")
+    assert code == 0 and run is not None, err
+    client = docker.from_env()
+    deadline = time.monotonic() + 60
+    while not client.containers.list(filters={"label": f"airlockd.run={run['id']}", "status": "running"}):
+        assert time.monotonic() < deadline, "the run's container never started"
+        time.sleep(0.1)
+    owner = person.cli("show", run["id"], daemon="off")[1]["owner_pid"]
+    os.kill(owner, signal.SIGKILL)  # dies without cleaning up: the container and the holder stay
+    assert client.containers.list(filters={"label": f"airlockd.held-for={run['id']}"})
+    time.sleep(0.5)
+    assert person.cli("undo", "rnosuchrun", daemon="off")[0] == 1  # a writing command recovers first
+    deadline = time.monotonic() + 90
+    while (final := person.cli("show", run["id"], daemon="off")[1])["state"] not in ("proposed", "failed"):
+        assert time.monotonic() < deadline, final["state"]
+        time.sleep(0.3)
+    assert final["state"] == "proposed", final.get("error")
+    assert [f["path"] for f in final["files"]] == ["done.txt"] and final["owner_pid"] != owner
+    assert "recovery.reattached" in [e["kind"] for e in final["timeline"]]
+    assert not client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})

@@ -50,12 +50,14 @@ class Person:
             **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if "DOCKER_HOST" in os.environ else {}),
         }
 
-    def cli(self, *argv: str, timeout: float = 180, daemon: str = "auto") -> tuple[int, Any, str]:
+    def cli(
+        self, *argv: str, timeout: float = 180, daemon: str = "auto", env: dict[str, str] | None = None
+    ) -> tuple[int, Any, str]:
         proc = subprocess.run(
             as_user(self.uid, [str(self.prefix / "bin" / "airlockd"), "--workspace", str(self.ws), "--json", *argv]),
             capture_output=True,
             text=True,
-            env={**self.env(), "AIRLOCK_DAEMON": daemon},
+            env={**self.env(), "AIRLOCK_DAEMON": daemon, **(env or {})},
             timeout=timeout,
             cwd="/",
         )
@@ -256,3 +258,45 @@ def test_a_run_whose_process_dies_is_reattached_for_a_user_who_is_not_root(perso
     assert [f["path"] for f in final["files"]] == ["done.txt"] and final["owner_pid"] != owner
     assert "recovery.reattached" in [e["kind"] for e in final["timeline"]]
     assert not client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})
+
+
+def test_codex_as_a_user_who_is_not_root_gets_a_capped_copy_of_its_home(person: Person) -> None:
+    """The real Codex through the gateway, as the user: its home is a copy on the capped
+    filesystem the engine holds, so writing 100 MB there stops at the cap and the run is over its
+    growth limit, nothing of it reaches the home; a run within the cap keeps what it wrote there."""
+    import secrets
+
+    from scripted_model import Reply, ScriptedModel, exec_call, message, usage
+
+    from airlockd.sandbox.image import ensure_codex_image
+
+    ensure_codex_image(docker.from_env())
+    key_env, key = "AIRLOCK_TEST_NONROOT_UPSTREAM_KEY", "sk-proj-" + secrets.token_hex(20)
+    with ScriptedModel(fallback=lambda seen: Reply([message("nothing more")], usage(5, 1))) as model:
+        with (person.ws / "policies.toml").open("a") as fh:
+            fh.write(
+                '\n[agents.codex]\nadapter = "codex"\nnetwork = "gateway"\n'
+                "[agents.codex.limits]\nwall_time_s = 120\nmemory_mb = 1024\nworkspace_growth_mb = 16\n"
+                f'[gateway]\nupstream = "{model.url}"\nkey_env = "{key_env}"\nkey_file = ""\n'
+                'allowed = ["POST /v1/responses"]\n'
+            )
+        fill = "dd if=/dev/zero of=$CODEX_HOME/fill bs=1M count=100 2>&1 | head -n 1"
+        model.replies = [Reply([exec_call(fill)], usage(5, 1)), Reply([message("filled")], usage(5, 1))]
+        code, run, err = person.cli("run", "--agent", "codex", "--wait", "fill", daemon="off", env={key_env: key})
+        assert run is not None and run["state"] == "limit_exceeded", (code, run, err)
+        assert run["limit"]["limit"] == "workspace_growth" and run["stager"] == "overlay", run["limit"]
+        assert "No space left on device" in model.tool_outputs()[0]
+        home = next(person.state.glob("*/agents/codex/home"))
+        assert not (home / "fill").exists()
+        model.replies = [
+            Reply([exec_call("echo kept > $CODEX_HOME/note.txt; echo x > x.txt")], usage(5, 1)),
+            Reply([message("noted")], usage(5, 1)),
+        ]
+        code, run, err = person.cli("run", "--agent", "codex", "--wait", "note", daemon="off", env={key_env: key})
+        assert run is not None and run["state"] == "proposed", (code, run, err)
+        assert (home / "note.txt").read_text() == "kept\n" and (home / "note.txt").stat().st_uid == person.uid
+        for p in person.state.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                assert key.encode() not in p.read_bytes(), p
+        client = docker.from_env()
+        assert not client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})

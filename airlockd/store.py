@@ -214,6 +214,11 @@ class Store:
         tmp.write_bytes(json.dumps(sample, separators=(",", ":")).encode())
         os.replace(tmp, path)
 
+    def drop_sample(self, run_id: str) -> None:
+        """The run's figures are final: its record holds them from now on, and no older sample
+        may stand in for them (a live run's sample is read over its record)."""
+        self.state.live_sample(run_id).unlink(missing_ok=True)
+
     def lines(
         self,
         *,

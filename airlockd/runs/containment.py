@@ -79,6 +79,7 @@ class RunMonitor:
         self.token_hit = False
         self._partial = b""
         self._lock = threading.Lock()
+        self._publishing = threading.Lock()  # held while a sample is published; finish() waits for it
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"monitor-{run_id}", daemon=True)
 
@@ -127,8 +128,12 @@ class RunMonitor:
         return self
 
     def finish(self) -> None:
+        """Sampling ends; once this returns no sample is published (a sample still with the engine
+        is dropped when it comes back)."""
         self._done.set()
         self._thread.join(timeout=5)
+        with self._publishing:
+            pass
         self._sample_growth()
 
     def _sample_growth(self) -> None:
@@ -163,7 +168,10 @@ class RunMonitor:
                     "growth_bytes": self.growth_bytes,
                     "peak": dict(self.peak),
                 }
-            self.publish(snapshot)
+            with self._publishing:
+                if self._done.is_set():
+                    return
+                self.publish(snapshot)
 
     # -- verdict --------------------------------------------------------------------------
 

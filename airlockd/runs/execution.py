@@ -283,7 +283,8 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
     try:
         found = start(monitor.on_output)
     finally:
-        monitor.finish()
+        monitor.finish()  # no sample is published after this
+        svc.store.drop_sample(rec.id)
     if found is None:
         raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
     info = found

@@ -218,6 +218,29 @@ def test_a_live_runs_samples_write_only_its_own_small_file(tmp_path: Path) -> No
     assert not svc.state.live_sample(rec.id).exists()  # the end wrote the figures to the record
 
 
+def test_a_runs_final_figures_are_not_overwritten_by_its_last_live_sample(tmp_path: Path) -> None:
+    """Found in CI under gVisor: a run that lived long enough to publish a sample ended with that
+    sample's output count (what was delivered, at most the cap) instead of what the stream carried."""
+    fake = FakeSandbox()
+    svc = Service(workspace(tmp_path, "[agents.bot.limits]\noutput_bytes = 2048\n"), sandbox=fake)
+    rec = svc.submit("bot", "work")
+
+    def act(ws: Path) -> bytes:
+        deadline = time.monotonic() + 30
+        while not svc.state.live_sample(rec.id).exists():  # a sample taken while it ran
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        return b"y\n" * 6000
+
+    fake.act = act
+    svc.execute(rec.id)
+    done = svc.store.get_run(rec.id)
+    assert done.state is RunState.LIMIT_EXCEEDED and done.limit is not None
+    assert done.limit.limit == "output" and done.limit.measured == 12000
+    assert done.output_bytes == 12000
+    assert not svc.state.live_sample(rec.id).exists()
+
+
 # -- retention --------------------------------------------------------------------------------------
 
 

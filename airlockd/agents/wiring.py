@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from airlockd.agents import codex, homes, sessions
@@ -25,6 +26,13 @@ def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: H
     mounts: list[tuple[Any, str, bool]] = []
     if gateway_runs.uses_gateway(cfg):
         env, mounts = gateway_runs.open_for_run(service, rec, cfg)
+        if held is not None and held.remote:  # the container reaches the gateway through a relay
+            (gw_dir, target, ro), sock = mounts[0], gateway_runs.SOCKET_NAME
+            try:
+                mounts = [(Path(held.relay(rec.id, gw_dir / sock)), target, ro)]
+            except BaseException:
+                gateway_runs.close_for_run(service, rec)
+                raise
     try:
         inv = _adapter(service, rec, cfg, prompt, held)
     except BaseException:

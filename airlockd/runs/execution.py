@@ -116,13 +116,16 @@ def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     """The engine's holder of capped upper layers when this process cannot mount one (not
     root) and the engine can serve the run's overlay; else None. Its holders run the agent's
     image (any image of ours will do without an agent: they need its python3)."""
-    if capfs.available() is None:
-        return None
     if agent is None:
         from airlockd.sandbox.image import image_tag
 
-        return svc.sandbox.held_upper(image_tag(), str(svc.workspace))
-    return svc.sandbox.held_upper(svc.image_for(agent), str(svc.workspace))
+        image = image_tag()
+    else:
+        image = svc.image_for(agent)
+    held = svc.sandbox.held_upper(image, str(svc.workspace))
+    if held is not None and not held.remote and capfs.available() is None:
+        return None  # root mounts its own capped filesystem, here
+    return held
 
 
 def uses_mirror(svc: Service) -> bool:
@@ -216,19 +219,25 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         rec = svc.store.update_run(rec.id, lambda r: setattr(r, "staged_bytes", max(r.staged_bytes, used)))
     uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
     user = f"{uid}:{gid}"
+    stdin_file = inv.stdin_file
+    if held is not None and held.remote and stdin_file is not None:  # the engine's host cannot see it
+        os.chmod(stdin_file, 0o644)
+        held.put(rec.id, "stdin", stdin_file)
+        stdin_file = Path(held.where(rec.id, "stdin"))
     spec = ContainerSpec(
         run_id=rec.id,
         image=svc.image_for(rec.agent),
         argv=inv.argv,
         workspace=stagers.for_run(run_dir).staged_root(run_dir),
         limits=cfg.limits,
-        stdin_file=inv.stdin_file,
+        stdin_file=stdin_file,
         env=inv.env,
         mounts=inv.mounts,
         user=user,
         labels={"airlockd.workspace": str(svc.workspace), "airlockd.agent": rec.agent},
         workspace_overlay=overlay_volume(svc, run_dir),
         runtime=svc.policy.runtime_for(rec.agent),
+        engine_paths=held is not None and held.remote,
     )
     svc.lifecycle.transition(
         rec, RunState.RUNNING, container={"image": spec.image, "runtime": spec.runtime, "owner_pid": os.getpid()}

@@ -57,6 +57,8 @@ class ContainerSpec:
     # The engine's runtime for the container: "runc", or "runsc" (gVisor: the agent's system calls
     # go to a kernel of gVisor's own, never straight to the host's).
     runtime: str = "runc"
+    # The paths of `stdin_file` and `mounts` are on the engine's host (a remote engine), not here.
+    engine_paths: bool = False
 
 
 #: Runtimes whose containers are processes of the host's kernel, counted by its pids cgroup.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from docker.utils.socket import frames_iter
 
 from airlockd.errors import EngineError
 from airlockd.policy import Limits
-from airlockd.sandbox import cgroups, layers, runtimes, seccomp, volumes
+from airlockd.sandbox import cgroups, enginepaths, layers, runtimes, seccomp, volumes
 from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, TAIL_BYTES, CapCounters, ContainerSpec, ExitInfo
 from airlockd.sandbox.dockerargs import RUN_LABEL, RUNTIME_LABEL, create_kwargs
 
@@ -289,13 +288,11 @@ class DockerSandbox:
         layers.release(self.client, run_id)
         return len(found)
 
-    def held_upper(self, image: str, workspace: str) -> layers.EngineUpper | None:
-        """Holder containers on this engine, when it runs on this machine (a Unix socket): the
-        overlay's lower layer is a path here. A remote engine gets None (not yet supported)."""
-        host = os.environ.get("DOCKER_HOST", "")
-        if host and not host.startswith("unix://"):
-            return None
-        return layers.EngineUpper(self.client, image, {"airlockd.workspace": workspace})
+    def held_upper(self, image: str, workspace: str) -> layers.EngineUpper:
+        """Holder containers on this engine; `remote` when it cannot see this machine's paths
+        (asked of the engine once: sandbox/enginepaths.py)."""
+        remote = not enginepaths.sees_local_paths(self.client, image)
+        return layers.EngineUpper(self.client, image, {"airlockd.workspace": workspace}, remote=remote)
 
     def stats(self, run_id: str) -> dict[str, float] | None:
         """One sample (takes about a second): cpu_pct, mem_bytes, pids. None if not running."""

@@ -69,7 +69,7 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         mounts = [Mount(WORKSPACE_PATH, str(spec.workspace), type="bind", read_only=False)]
     argv = list(spec.argv)
     if spec.stdin_file is not None:
-        if not spec.stdin_file.is_absolute() or not spec.stdin_file.is_file():
+        if not spec.stdin_file.is_absolute() or not (spec.engine_paths or spec.stdin_file.is_file()):
             raise UsageError(f"run {spec.run_id}: stdin file {spec.stdin_file} is not a file")
         mounts.append(Mount(STDIN_PATH, str(spec.stdin_file), type="bind", read_only=True))
         argv = ["/bin/sh", "-c", f'exec "$@" < {STDIN_PATH}', "agent", *argv]

@@ -42,6 +42,8 @@ from typing import Any
 import docker.errors
 
 from airlockd.errors import EngineError
+from airlockd.sandbox import relay
+from airlockd.sandbox.enginemirror import EngineMirror
 from airlockd.sandbox.volumes import OWNER_LABEL
 from airlockd.staging import upperdump
 
@@ -127,7 +129,7 @@ def hold(
             read_only=True,
             runtime="runc",
             mem_limit="64m",
-            pids_limit=32,
+            pids_limit=64,  # the dump, statvfs, and the gateway's relay (a thread a connection)
             labels=labels,
             volumes={volume_name(run_id): {"bind": MOUNT, "mode": "rw"}},
         )
@@ -253,8 +255,19 @@ class EngineUpper:
 
     options = OPTIONS
 
-    def __init__(self, client: Any, image: str, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, client: Any, image: str, labels: dict[str, str] | None = None, *, remote: bool = False) -> None:
         self.client, self.image, self.labels = client, image, labels or {}
+        self.remote = remote  # the engine cannot see this machine's paths (docs/engines.md)
+
+    def lower(self, tree: Path) -> str:
+        if not self.remote:
+            return str(tree)
+        return EngineMirror(self.client, self.image, tree.parent, self.labels).sync(tree)
+
+    def relay(self, run_id: str, socket: Path) -> str:
+        held = self._held(run_id)
+        relay.start(self.client, run_id, holder_name(run_id), f"{MOUNT}/gw/{socket.name}", socket)
+        return str(held.mountpoint / "gw")
 
     def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
         held = hold(
@@ -289,4 +302,5 @@ class EngineUpper:
         put_tree(self.client, self._held(run_id), name, src)
 
     def release(self, run_id: str) -> None:
+        relay.stop(run_id)
         release(self.client, run_id)

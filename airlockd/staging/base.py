@@ -33,6 +33,18 @@ class HeldUpper(Protocol):
     engine's host; every call names the run."""
 
     options: str  # overlayfs options that go with such an upper layer (after lower/upper/work)
+    remote: bool  # the engine cannot see this machine's paths: the lower layer and sockets travel
+
+    def lower(self, tree: Path) -> str:
+        """The path on the engine's host of the mirror generation `tree` (a remote engine's copy
+        of it, brought up to date first; `tree` itself for an engine that sees it)."""
+        ...
+
+    def relay(self, run_id: str, socket: Path) -> str:
+        """A directory on the engine's host, to mount in the run's container, holding a socket
+        whose connections reach the local `socket` (the model gateway) over the engine's own
+        connection; it lasts until `release`."""
+        ...
 
     def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
         """Create the capped filesystem with `upper/` (owned by `owner`, with `mode`) and `work/`;

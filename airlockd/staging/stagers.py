@@ -54,8 +54,16 @@ def choose(state_root: Path, held: HeldUpper | None = None) -> Stager:
     forced = os.environ.get(ENV, "").strip().lower()
     if forced not in ("", OVERLAY, COPY):
         raise StagingError(f"{ENV}={forced!r} is not a stager", hint=f"use {ENV}=overlay or {ENV}=copy, or unset it")
+    remote = held is not None and held.remote
     if forced == COPY:
+        if remote:
+            raise StagingError(
+                f"{ENV}=copy, but the engine is remote: it cannot see a copy made on this machine",
+                hint=f"unset {ENV}; runs on a remote engine are staged in its own volumes (docs/engines.md)",
+            )
         return CopyStager(f"forced by {ENV}=copy")
+    if remote:
+        return OverlayStager("remote engine: the mirror is synced into its volume, the capped upper layer held there")
     why = overlay.unavailable(state_root)
     if why and held is not None and os.geteuid() != 0 and not overlay.unsuitable_path(state_root):
         held_why = "not root: the engine mounts the overlay and holds the capped upper layer"
@@ -86,10 +94,12 @@ class Layout:
     work: Path
     staging: Path  # the run's own `staging/` here, where the record of hidden paths is
     tail: str = overlay.OPTIONS
+    engine_lower: str | None = None  # the lower layer on a remote engine's host (its copy of `lower`)
 
     @property
     def options(self) -> str:
-        return f"lowerdir={self.lower},upperdir={self.upper},workdir={self.work},{self.tail}"
+        lower = self.engine_lower or self.lower
+        return f"lowerdir={lower},upperdir={self.upper},workdir={self.work},{self.tail}"
 
     @property
     def hidden(self) -> Path:
@@ -138,7 +148,10 @@ def write_meta(
     if view is not None:
         meta.update(lower=str(view.tree), generation=view.generation, mirror=str(view.tree.parent))
     if held is not None:
-        meta["held"] = {"upper": str(held.upper), "work": str(held.work), "options": held.tail}
+        on_engine = {"upper": str(held.upper), "work": str(held.work), "options": held.tail}
+        if held.engine_lower:
+            on_engine["lower"] = held.engine_lower
+        meta["held"] = on_engine
     (run_dir / _META).write_text(json.dumps(meta))
 
 
@@ -220,7 +233,7 @@ class OverlayStager:
         self.why = why
 
     def stage(self, req: StageRequest) -> Staged:
-        if req.held is not None and capfs.available() is not None:
+        if req.held is not None and (req.held.remote or capfs.available() is not None):
             return self._stage_held(req, req.held)
         staging = req.run_dir / "staging"
         view = req.refresh()
@@ -253,7 +266,8 @@ class OverlayStager:
         st = os.lstat(view.tree)
         owner = req.owner or (st.st_uid, st.st_gid)
         upper, work = held.hold(req.run_id, req.growth, _inodes(result, req.growth), owner, stat.S_IMODE(st.st_mode))
-        lay = Layout(view.tree, Path(upper), Path(work), staging, held.options)
+        engine_lower = held.lower(view.tree) if held.remote else None  # synced there: what changed travels
+        lay = Layout(view.tree, Path(upper), Path(work), staging, held.options, engine_lower)
         write_meta(req.run_dir, self.name, self.why, view, held=lay)
         dirs: dict[str, tuple[tuple[int, int], int]] = {}
         whiteouts: list[str] = []
@@ -291,7 +305,11 @@ class OverlayStager:
         held = m.get("held")
         if isinstance(held, dict):
             staging = run_dir / "staging"
-            return Layout(self._lower(run_dir), Path(held["upper"]), Path(held["work"]), staging, str(held["options"]))
+            lower = held.get("lower")
+            return Layout(
+                self._lower(run_dir), Path(held["upper"]), Path(held["work"]), staging, str(held["options"]),
+                str(lower) if lower else None,
+            )  # fmt: skip
         return layout(run_dir / "staging", self._lower(run_dir))
 
     def base(self, run_dir: Path) -> Base:

@@ -1,0 +1,319 @@
+"""A workspace's mirror on an engine that cannot see this machine's paths (a remote host).
+
+The overlay's lower layer must be a directory on the engine's host. For a remote engine that is
+a volume of the engine's own (`airlockd-mirror-<key>`, the local driver: a plain directory under
+its data root), holding one directory per mirror generation (`g<N>`), kept equal to the local
+generation of the same number (staging/mirror.py) by tar streams of what changed since the last
+sync:
+
+- what the engine holds is recorded here, per generation, as each node's stat key (kind, mode,
+  owner, size, mtime, inode, link target): the local mirror never writes a file in place (a
+  change is a new inode), so an unchanged key is unchanged content;
+- a generation the engine lacks starts as a hard-link clone (`cp -al`) of the newest one it has,
+  as the local mirror's generations do; a changed or removed path is unlinked there first, so a
+  clone's sibling (which a live run may have mounted) never changes;
+- the changed and new nodes travel as one `tar` stream (GNU tar, read from the local generation,
+  owners and modes kept) through `put_archive`; generations no longer here are removed there;
+- a sync cut short leaves the generation marked: the next one removes it and starts again.
+
+A *keeper* container (`airlockd-mirror-<key>`: the runtime image, `sleep infinity`, runc, no
+network, read-only root, only CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER) holds the volume for
+`put_archive` and the `rm`/`cp -al` it needs; it stays for the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import secrets
+import stat
+import subprocess
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker.errors
+from filelock import FileLock
+
+from airlockd.errors import EngineError
+from airlockd.fsutil import atomic_write_bytes
+from airlockd.sandbox.volumes import OWNER_LABEL
+
+log = logging.getLogger(__name__)
+
+ROLE_LABEL = "airlockd.role"
+ROLE = "mirror-keeper"
+NONCE_LABEL = "airlockd.mirror-nonce"
+MOUNT = "/mirror"
+STDERR_KEEP = 4096
+
+Key = list[Any]  # [kind, mode, uid, gid, size, mtime_ns, ino, target]
+
+#: run in the keeper: remove the paths listed (NUL-separated, relative to the generation) in the
+#: file argv[2] from the generation argv[1], never following a link; a directory goes whole.
+REMOVE = r"""
+import os, shutil, sys
+root = sys.argv[1]
+data = open(sys.argv[2], 'rb').read()
+os.unlink(sys.argv[2])
+for rel in data.split(b'\0'):
+    if not rel:
+        continue
+    p = os.path.join(root.encode(), rel)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        continue
+    if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p)
+    else:
+        os.unlink(p)
+"""
+
+
+def volume_name(key: str) -> str:
+    return f"airlockd-mirror-{key}"
+
+
+def mirror_key(mirror_root: Path) -> str:
+    """The engine-side name of the local mirror at `mirror_root` (a workspace at a clearance)."""
+    return hashlib.sha256(str(mirror_root).encode()).hexdigest()[:16]
+
+
+def scan(tree: Path) -> dict[str, Key]:
+    """Every node under `tree` (not the root) with its stat key; links never followed."""
+    out: dict[str, Key] = {}
+    stack: list[tuple[str, str]] = [(str(tree), "")]
+    while stack:
+        path, rel = stack.pop()
+        with os.scandir(path) as it:
+            for de in it:
+                st = de.stat(follow_symlinks=False)
+                r = f"{rel}{de.name}"
+                if stat.S_ISDIR(st.st_mode):
+                    out[r] = ["d", st.st_mode, st.st_uid, st.st_gid]
+                    stack.append((de.path, r + "/"))
+                elif stat.S_ISLNK(st.st_mode):
+                    out[r] = ["l", st.st_mode, st.st_uid, st.st_gid, os.readlink(de.path)]
+                else:
+                    out[r] = ["f", st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ino]
+    return out
+
+
+def plan(have: dict[str, Key], want: dict[str, Key]) -> tuple[list[str], list[str]]:
+    """(paths to remove there first, paths to send) to turn `have` into `want`. A directory whose
+    kind is unchanged stays (its mode and owner travel with it); anything else that differs is
+    removed, then sent."""
+    remove = [r for r, k in have.items() if r not in want or (want[r] != k and not (k[0] == "d" == want[r][0]))]
+    removed = set(remove)
+    # under a removed directory nothing needs removing on its own; a parent goes before its children
+    remove = sorted(r for r in remove if not any(p in removed for p in _parents(r)))
+    send = [r for r, k in want.items() if have.get(r) != k or r in removed or any(p in removed for p in _parents(r))]
+    send.sort()
+    return remove, send
+
+
+def _parents(rel: str) -> Iterator[str]:
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+class EngineMirror:
+    """The generations of one local mirror (`mirror_root`) on the engine of `client`."""
+
+    def __init__(self, client: Any, image: str, mirror_root: Path, labels: dict[str, str] | None = None) -> None:
+        self.client, self.image, self.root = client, image, mirror_root
+        self.key = mirror_key(mirror_root)
+        self.name = volume_name(self.key)
+        self.labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
+        self._state_file = mirror_root / "engine-mirror.json"
+
+    # -- what the engine holds, as recorded here ---------------------------------------------
+
+    def _load(self, nonce: str) -> dict[str, Any]:
+        try:
+            state = json.loads(self._state_file.read_bytes())
+        except (OSError, ValueError):
+            return {"nonce": nonce, "gens": {}}
+        if not isinstance(state, dict) or state.get("nonce") != nonce or not isinstance(state.get("gens"), dict):
+            return {"nonce": nonce, "gens": {}}  # another volume (made again): nothing of it is known
+        return state
+
+    def _save(self, state: dict[str, Any]) -> None:
+        atomic_write_bytes(self._state_file, json.dumps(state, separators=(",", ":")).encode())
+
+    # -- the engine's side ---------------------------------------------------------------------
+
+    def _keeper(self) -> tuple[str, PurePosixPath]:
+        """The volume's nonce and mount point, with its keeper running (made when missing)."""
+        try:
+            try:
+                vol = self.client.api.inspect_volume(self.name)
+            except docker.errors.NotFound:
+                nonce = secrets.token_hex(8)
+                self.client.volumes.create(name=self.name, driver="local", labels={**self.labels, NONCE_LABEL: nonce})
+                vol = self.client.api.inspect_volume(self.name)
+            try:
+                c = self.client.containers.get(self.name)
+                if c.status != "running":
+                    c.remove(force=True)
+                    raise docker.errors.NotFound("stopped")
+            except docker.errors.NotFound:
+                self.client.containers.run(
+                    self.image,
+                    ["sleep", "infinity"],
+                    name=self.name,
+                    detach=True,
+                    user="0:0",
+                    network_mode="none",
+                    cap_drop=["ALL"],
+                    cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
+                    security_opt=["no-new-privileges"],
+                    read_only=True,
+                    runtime="runc",
+                    mem_limit="256m",
+                    pids_limit=64,
+                    labels=self.labels,
+                    volumes={self.name: {"bind": MOUNT, "mode": "rw"}},
+                )
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # another process made it at the same moment
+                return self._keeper()
+            raise _engine("to keep the workspace's mirror", exc) from None
+        except docker.errors.DockerException as exc:
+            raise _engine("to keep the workspace's mirror", exc) from None
+        return str((vol.get("Labels") or {}).get(NONCE_LABEL, "")), PurePosixPath(vol["Mountpoint"])
+
+    def _exec(self, argv: list[str]) -> None:
+        try:
+            res = self.client.containers.get(self.name).exec_run(argv, user="0:0", demux=True)
+        except docker.errors.DockerException as exc:
+            raise _engine("to update the workspace's mirror", exc) from None
+        if res.exit_code != 0:
+            err = (res.output[1] or b"")[-STDERR_KEEP:].decode("utf-8", "replace").strip().splitlines()[-3:]
+            raise EngineError(
+                f"updating the workspace's mirror on the engine failed (exit {res.exit_code}): {' / '.join(err)}",
+                hint="remove the mirror's volume (docker volume rm -f " + self.name + "); the next run makes it again",
+            )
+
+    def _put(self, dest: str, data: Any) -> None:
+        try:
+            ok = self.client.api.put_archive(self.name, dest, data)
+        except docker.errors.DockerException as exc:
+            raise _engine("to send the workspace's mirror", exc) from None
+        if not ok:
+            raise EngineError(f"the engine refused the workspace's mirror ({dest})")
+
+    def _send(self, tree: Path, dest: str, paths: list[str]) -> None:
+        """The nodes `paths` of the local `tree` as one tar stream into `dest` on the engine."""
+        listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+        proc = subprocess.Popen(
+            ["tar", "-c", "-C", str(tree), "--no-recursion", "--null", "-T", "-", "--numeric-owner", "-f", "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, listing), daemon=True)
+        feeder.start()
+        try:
+            self._put(dest, _chunks(proc.stdout))
+        finally:
+            feeder.join()
+            err = proc.stderr.read()
+            code = proc.wait()
+        if code != 0:
+            raise EngineError(
+                f"tar of the workspace's mirror failed (exit {code}): {err.decode(errors='replace')[-400:]}"
+            )
+
+    # -- the one entry point ----------------------------------------------------------------
+
+    def sync(self, tree: Path) -> str:
+        """Bring the engine's copy of the local generation `tree` (`<mirror>/g<N>`) up to date;
+        its path on the engine's host (the overlay's lower layer)."""
+        gen = tree.name
+        local_gens = {p.name for p in self.root.iterdir() if p.name[:1] == "g" and p.name[1:].isdigit()}
+        with FileLock(str(self.root / "engine-mirror.lock")):
+            nonce, mountpoint = self._keeper()
+            state = self._load(nonce)
+            gens: dict[str, Any] = state["gens"]
+            want = scan(tree)
+            entry = gens.get(gen)
+            if entry is None or entry.get("partial"):
+                base = max(
+                    (g for g, e in gens.items() if not e.get("partial") and g != gen),
+                    key=lambda g: int(g[1:]),
+                    default=None,
+                )
+                gens[gen] = {"partial": True, "nodes": {}}
+                self._save(state)
+                script = f"rm -rf {MOUNT}/{gen} && " + (
+                    f"cp -al {MOUNT}/{base} {MOUNT}/{gen}" if base else f"mkdir -m 0755 {MOUNT}/{gen}"
+                )
+                self._exec(["sh", "-c", script])
+                have = dict(gens[base]["nodes"]) if base else {}
+            else:
+                have = entry["nodes"]
+                gens[gen] = {"partial": True, "nodes": {}}
+                self._save(state)
+            remove, send = plan(have, want)
+            if remove:
+                name = f".remove-{secrets.token_hex(6)}"
+                buf = io.BytesIO()
+                with tarfile.open(fileobj=buf, mode="w") as tf:
+                    data = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in remove)
+                    ti = tarfile.TarInfo(name)
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+                self._put(MOUNT, buf.getvalue())
+                self._exec(["python3", "-I", "-c", REMOVE, f"{MOUNT}/{gen}", f"{MOUNT}/{name}"])
+            if send:
+                self._send(tree, f"{MOUNT}/{gen}", send)
+            gens[gen] = {"nodes": want}
+            gone = [g for g in gens if g not in local_gens and g != gen]
+            if gone:
+                with contextlib.suppress(EngineError):  # the next sync tries again
+                    self._exec(["rm", "-rf", *(f"{MOUNT}/{g}" for g in gone)])
+                    for g in gone:
+                        gens.pop(g)
+            self._save(state)
+            log.info("mirror %s on the engine: %s removed, %s sent", gen, len(remove), len(send))
+            return str(mountpoint / gen)
+
+    def remove(self) -> None:
+        """The keeper and the volume (`airlockd gc`, tests); the record here goes with them."""
+        for what, call in (
+            ("keeper", lambda: self.client.api.remove_container(self.name, force=True)),
+            ("volume", lambda: self.client.api.remove_volume(self.name, force=True)),
+        ):
+            try:
+                call()
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                log.error("cannot remove the mirror's %s %s: %s", what, self.name, exc)
+        self._state_file.unlink(missing_ok=True)
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError):
+        pipe.write(data)
+    with contextlib.suppress(BrokenPipeError):
+        pipe.close()
+
+
+def _chunks(pipe: Any) -> Iterator[bytes]:
+    while chunk := pipe.read(1 << 20):
+        yield chunk
+
+
+def _engine(what: str, exc: docker.errors.DockerException) -> EngineError:
+    return EngineError(f"the engine failed {what}: {exc}", hint="check the engine (airlockd doctor)")

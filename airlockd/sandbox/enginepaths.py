@@ -1,0 +1,81 @@
+"""Whether the engine sees this machine's paths: a local engine does, a remote one does not.
+
+Asked of the engine itself, once per engine a process uses: a container is created (not started)
+with a bind mount of a fresh directory made here, and a marker file in it is read back through
+the engine (`get_archive`). An engine on another host refuses the mount (no such path there) or
+finds an empty directory of the same name. `DOCKER_HOST` alone cannot tell: a Unix socket may lead
+to an engine in other mount namespaces, and a TCP address to this very machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+from docker.types import Mount
+
+from airlockd.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_seen: dict[str, bool] = {}
+
+
+def sees_local_paths(client: Any, image: str) -> bool:
+    """True when a bind mount of a path here shows that path's content in the engine's containers."""
+    key = str(client.api.base_url)
+    with _lock:
+        if key in _seen:
+            return _seen[key]
+    probe = Path(tempfile.mkdtemp(prefix="airlockd-probe-"))
+    marker = f"m-{secrets.token_hex(8)}"
+    (probe / marker).write_bytes(b"")
+    probe.chmod(0o755)
+    container = None
+    try:
+        try:
+            container = client.api.create_container(
+                image, ["true"], network_disabled=True,
+                host_config=client.api.create_host_config(
+                    mounts=[Mount("/probe", str(probe), type="bind", read_only=True)], network_mode="none"
+                ),
+            )  # fmt: skip
+        except docker.errors.APIError as exc:
+            if "bind source path does not exist" not in str(exc):
+                raise
+            seen = False
+        else:
+            try:
+                stream, _ = client.api.get_archive(container["Id"], f"/probe/{marker}")
+                for _chunk in stream:
+                    pass
+                seen = True
+            except docker.errors.NotFound:
+                seen = False
+    except docker.errors.ImageNotFound:
+        raise EngineError(
+            f"the image {image} is not on the engine at {key}",
+            hint="build it there: DOCKER_HOST=<that engine> airlockd runtime build",
+        ) from None
+    except docker.errors.DockerException as exc:
+        raise EngineError(
+            f"the engine failed to say whether it sees this machine's files: {exc}",
+            hint="check the engine (airlockd doctor)",
+        ) from None
+    finally:
+        if container is not None:
+            with contextlib.suppress(docker.errors.DockerException):
+                client.api.remove_container(container["Id"], force=True)
+        shutil.rmtree(probe, ignore_errors=True)
+    log.info("the engine at %s %s this machine's paths", key, "sees" if seen else "does not see")
+    with _lock:
+        _seen[key] = seen
+    return seen

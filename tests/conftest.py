@@ -3,6 +3,7 @@ fail loudly if the engine is missing; without it they run when an engine answers
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 from collections.abc import Iterator
@@ -87,23 +88,81 @@ _STAGED_MODULES = {
 }
 
 
+#: suites whose tests that take `runtime` run once more on the second engine (a remote host,
+#: tests/engines.py), under runc: containment, limits, the gateway, hostile agents, Codex
+_ENGINE_MODULES = {"test_containment", "test_limits", "test_gateway_route", "test_hostile_after", "test_codex"}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Staged suites run once per stager; a test that takes `runtime` runs under runc with each
     stager and under runsc (gVisor) with the overlay, the stager users get (AIRLOCK_RUNTIME=runc|
-    runsc runs one)."""
-    staged = "stager" in metafunc.fixturenames and metafunc.module.__name__.rpartition(".")[2] in _STAGED_MODULES
+    runsc runs one); in the engine suites, and wherever a test takes `engine`, once more on the
+    second engine (AIRLOCK_ENGINE=local|remote runs one)."""
+    module = metafunc.module.__name__.rpartition(".")[2]
+    staged = "stager" in metafunc.fixturenames and module in _STAGED_MODULES
     forced = os.environ.get("AIRLOCK_STAGER")
     names = [forced] if forced else ["overlay", "copy"]
     wanted = os.environ.get("AIRLOCK_RUNTIME")
+    engines = [e for e in ("local", "remote") if os.environ.get("AIRLOCK_ENGINE", e) == e]
+    asks = "engine" in inspect.signature(metafunc.function).parameters
+    remote = asks or (module in _ENGINE_MODULES and "runtime" in metafunc.fixturenames)
     if "runtime" in metafunc.fixturenames:
         runtimes = [wanted] if wanted else ["runc", "runsc"]
         if staged:
             combos = [(s, rt) for rt in runtimes for s in (names if rt == "runc" else names[:1])]
-            metafunc.parametrize(("stager", "runtime"), combos, indirect=True, ids=[f"{s}-{rt}" for s, rt in combos])
         else:
-            metafunc.parametrize("runtime", runtimes, indirect=True)
-    elif staged:
-        metafunc.parametrize("stager", names, indirect=True)
+            combos = [(None, rt) for rt in runtimes]
+        local = [(s, rt, "local") for s, rt in combos] if "local" in engines else []
+        far = [("overlay" if staged else None, "runc", "remote")] if remote and "remote" in engines else []
+        cases = local + far
+        if not remote:
+            cases = [(s, rt, e) for s, rt, e in cases if e == "local"]
+        ids = ["-".join(x for x in (s, rt, e if e == "remote" else None) if x) for s, rt, e in cases]
+        if staged:
+            metafunc.parametrize(("stager", "runtime", "engine"), cases, indirect=True, ids=ids)
+        else:
+            metafunc.parametrize(("runtime", "engine"), [(rt, e) for _, rt, e in cases], indirect=True, ids=ids)
+    else:
+        if staged:
+            metafunc.parametrize("stager", names, indirect=True)
+        if asks:
+            metafunc.parametrize("engine", engines, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def second_engine() -> Iterator[str]:
+    """The second engine's DOCKER_HOST (tests/engines.py), with the runtime image loaded."""
+    import docker
+    import engines
+
+    from airlockd.sandbox.image import ensure_image
+
+    image = ensure_image(docker.from_env())
+    try:
+        yield engines.start([image])
+    finally:
+        engines.stop()
+
+
+@pytest.fixture(autouse=True)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The engine a parametrised test runs on: "local" (the first), or "remote" (the second,
+    which sees none of this machine's paths; DOCKER_HOST points at it for the test, and every
+    airlockd image the first engine has for this runtime is loaded into it)."""
+    name: str = getattr(request, "param", "local")
+    if name == "remote":
+        import docker
+        import engines
+
+        from airlockd.sandbox.image import image_tag
+
+        host = request.getfixturevalue("second_engine")
+        for img in docker.from_env().images.list(name="airlockd-runtime"):
+            for tag in img.tags:
+                if tag.startswith(image_tag()):
+                    engines.load(host, tag)
+        monkeypatch.setenv("DOCKER_HOST", host)
+    return name
 
 
 @pytest.fixture

@@ -59,7 +59,9 @@ def locked(home: Path) -> Iterator[None]:
         yield
 
 
-def lend(run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper | None) -> Path:
+def lend(
+    run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper | None, owner: tuple[int, int] | None = None
+) -> Path:
     """The path the container mounts as the agent's home for this run (on this host, or on the
     engine's): a capped copy of `home` when one can be made, else `home` itself."""
     staging = run_dir / "staging"
@@ -76,7 +78,7 @@ def lend(run_dir: Path, home: Path, cap_bytes: int, run_id: str, held: HeldUpper
         _record(run_dir, "tmpfs")
         return dst
     if held is not None:
-        held.put(run_id, HELD_NAME, home)
+        held.put(run_id, HELD_NAME, home, owner)  # `owner`: the agent's user, when that is not us
         _record(run_dir, "held")
         return Path(held.where(run_id, HELD_NAME))
     _record(run_dir, "none")

@@ -68,7 +68,7 @@ def _adapter(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: 
         )
         cap = cfg.limits.workspace_growth_mb * 2**20
         with homes.locked(home):
-            lent = homes.lend(run_dir, home, cap, rec.id, held)  # a capped copy: never the home itself
+            lent = homes.lend(run_dir, home, cap, rec.id, held, owner)  # a capped copy: never the home itself
         mounts = [(lent if src == home else src, target, ro) for src, target, ro in inv.mounts]
         return Invocation(inv.argv, inv.stdin_file, inv.env, mounts)
     return command_invocation(cfg, prompt, run_dir)

@@ -196,12 +196,20 @@ def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
     return _exec(client, held.run_id, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
 
 
-def put_tree(client: Any, held: HeldLayers, name: str, src: Path) -> None:
+def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
     """Copy the local tree `src` (never following a link in it) to `name` on the capped
-    filesystem, owners and modes kept; ENOSPC there (a tree over the cap) is an error."""
+    filesystem, modes kept, owners too or all `owner`; ENOSPC there (a tree over the cap) is an
+    error."""
+
+    def own(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+        if owner is not None:
+            ti.uid, ti.gid = owner
+            ti.uname = ti.gname = ""
+        return ti
+
     with tempfile.TemporaryFile() as buf:
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-            tf.add(str(src), arcname=name, recursive=True)  # links are stored as links
+            tf.add(str(src), arcname=name, recursive=True, filter=own)  # links are stored as links
         buf.seek(0)
         try:
             ok = client.api.put_archive(holder_name(held.run_id), MOUNT, buf)
@@ -298,8 +306,8 @@ class EngineUpper:
     def where(self, run_id: str, name: str) -> str:
         return str(self._held(run_id).mountpoint / name)
 
-    def put(self, run_id: str, name: str, src: Path) -> None:
-        put_tree(self.client, self._held(run_id), name, src)
+    def put(self, run_id: str, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
+        put_tree(self.client, self._held(run_id), name, src, owner)
 
     def release(self, run_id: str) -> None:
         relay.stop(run_id)

@@ -11,7 +11,7 @@ travels is what the agent would have sent the gateway anyway: the run token, nev
 relay ends with its exec (`close`), its holder, or this process.
 
 Frames, both ways: connection id (4 bytes), kind (1 byte: 0 data, 1 end of data, 2 opened),
-length (4 bytes), data.
+length (4 bytes), data. The relay's first frame (kind 3) says it listens: the container starts after it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from airlockd.errors import EngineError
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">IBI")
-DATA, END, OPENED = 0, 1, 2
+DATA, END, OPENED, LISTENING = 0, 1, 2, 3
+READY_S = 20
 MAX_FRAME = 1 << 20
 
 #: run in the holder: listen on argv[1], carry each connection over stdin/stdout as frames.
@@ -56,6 +57,7 @@ def send(cid, kind, data=b''):
     with lock:
         out.write(H.pack(cid, kind, len(data)) + data)
         out.flush()
+send(0, 3)
 def pump(cid, s):
     try:
         while True:
@@ -116,6 +118,7 @@ class Relay:
         self._sock: Any = None
         self._raw: Any = None
         self._closed = False
+        self._listening = threading.Event()
 
     def start(self) -> Relay:
         try:
@@ -131,6 +134,12 @@ class Relay:
             ) from None
         self._raw = getattr(self._sock, "_sock", self._sock)
         threading.Thread(target=self._read, name=f"relay-{self.container}", daemon=True).start()
+        if not self._listening.wait(READY_S) or self._closed:
+            self.close()
+            raise EngineError(
+                f"the model gateway's relay in {self.container} did not start listening within {READY_S} s",
+                hint="check the engine (airlockd doctor); the runtime image needs python3",
+            )
         return self
 
     def _send(self, cid: int, kind: int, data: bytes = b"") -> None:
@@ -161,6 +170,9 @@ class Relay:
             self.close()
 
     def _frame(self, cid: int, kind: int, data: bytes) -> None:
+        if kind == LISTENING:
+            self._listening.set()
+            return
         if kind == OPENED:
             conn = socket.socket(socket.AF_UNIX)
             try:

@@ -69,8 +69,9 @@ class HeldUpper(Protocol):
         mount's source)."""
         ...
 
-    def put(self, run_id: str, name: str, src: Path) -> None:
-        """Copy the local tree `src` to `name` on the capped filesystem (owners and modes kept)."""
+    def put(self, run_id: str, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
+        """Copy the local tree `src` to `name` on the capped filesystem (modes kept; owners too,
+        or every node given to `owner`)."""
         ...
 
     def release(self, run_id: str) -> None:

@@ -124,7 +124,11 @@ def test_codex_end_to_end_through_the_gateway(
         Reply([message("turn three done")], usage(70, 7)),
     ]
     rec3 = svc.execute(svc.submit("codex", "turn three: write three.txt").id)
-    assert changes(rec3) == {"three.txt": "created"}
+    assert changes(rec3) == {"three.txt": "created"}, (
+        rec3.state,
+        rec3.error,
+        (svc.state.run_dir(rec3.id) / "output.log").read_text()[-3000:],
+    )
     svc.review.approve(rec3.id)
     assert svc.store.get_run(rec3.id).state is RunState.APPLIED
     assert (ws / "three.txt").read_text() == "three\n"

@@ -115,8 +115,10 @@ def result(svc: Service, run_id: str) -> dict[str, Any]:
 
 
 def test_container_reaches_the_model_through_the_gateway_and_nothing_else(
-    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
+    """On the second engine too (a remote host: the gateway's socket reached through the relay
+    over the engine's connection, docs/engines.md)."""
     monkeypatch.setenv(KEY_ENV, REAL_KEY)
     with ScriptedModel(fallback=lambda seen: Reply([message("ok")], usage(30, 12))) as model:
         ws = make_ws(tmp_path, model.url)
@@ -146,7 +148,7 @@ def test_container_reaches_the_model_through_the_gateway_and_nothing_else(
 
 
 def test_budget_spent_at_the_gateway_stops_the_run(
-    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, host_server: int, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     monkeypatch.setenv(KEY_ENV, REAL_KEY)
     with ScriptedModel(fallback=lambda seen: Reply([message("ok")], usage(60, 20))) as model:

@@ -1,0 +1,30 @@
+"""A second Docker engine playing a remote host (scripts/second-engine.sh): its own mount and
+network namespaces, where none of this machine's working paths exist. Started once per test
+session by the first test that asks for it, stopped at the session's end."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import docker
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "second-engine.sh"
+NAME = "tests"
+
+
+def start(images: list[str]) -> str:
+    """The engine's DOCKER_HOST, with `images` (from the first engine) loaded into it."""
+    proc = subprocess.run(["bash", str(SCRIPT), "start", NAME, *images], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"the second engine did not start: {proc.stderr[-2000:]}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def load(host: str, image: str) -> None:
+    """`image` from the first engine into the second (once)."""
+    start([image])
+    assert docker.DockerClient(base_url=host).images.get(image)
+
+
+def stop() -> None:
+    subprocess.run(["bash", str(SCRIPT), "stop", NAME], capture_output=True, timeout=120, check=False)

@@ -89,8 +89,16 @@ _STAGED_MODULES = {
 
 
 #: suites whose tests that take `runtime` run once more on the second engine (a remote host,
-#: tests/engines.py), under runc: containment, limits, the gateway, hostile agents, Codex
-_ENGINE_MODULES = {"test_containment", "test_limits", "test_gateway_route", "test_hostile_after", "test_codex"}
+#: tests/engines.py), under runc: containment, limits, the gateway, hostile agents, Codex, and a
+#: user who is not root
+_ENGINE_MODULES = {
+    "test_containment",
+    "test_limits",
+    "test_gateway_route",
+    "test_hostile_after",
+    "test_codex",
+    "test_daemon_nonroot",
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -122,11 +130,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(("stager", "runtime", "engine"), cases, indirect=True, ids=ids)
         else:
             metafunc.parametrize(("runtime", "engine"), [(rt, e) for _, rt, e in cases], indirect=True, ids=ids)
-    else:
-        if staged:
-            metafunc.parametrize("stager", names, indirect=True)
-        if asks:
-            metafunc.parametrize("engine", engines, indirect=True)
+    elif staged and asks:  # a remote engine always stages with the overlay (its volumes)
+        cases = [(s, "local") for s in names if "local" in engines]
+        cases += [("overlay", "remote")] if "remote" in engines else []
+        metafunc.parametrize(
+            ("stager", "engine"), cases, indirect=True, ids=[f"{s}-{e}" if e == "remote" else s for s, e in cases]
+        )
+    elif staged:
+        metafunc.parametrize("stager", names, indirect=True)
+    elif asks:
+        metafunc.parametrize("engine", engines, indirect=True)
 
 
 @pytest.fixture(scope="session")

@@ -28,3 +28,22 @@ def load(host: str, image: str) -> None:
 
 def stop() -> None:
     subprocess.run(["bash", str(SCRIPT), "stop", NAME], capture_output=True, timeout=120, check=False)
+
+
+def first_engine() -> docker.DockerClient:
+    """The engine `make test` starts (images are built there), whatever DOCKER_HOST says now."""
+    return docker.DockerClient(base_url="unix:///var/run/docker.sock")
+
+
+def codex_image() -> str:
+    """The Codex image, built on the first engine when missing and loaded into the second when
+    DOCKER_HOST points there (the second has no network to install it with)."""
+    import os
+
+    from airlockd.sandbox.image import ensure_codex_image
+
+    image = ensure_codex_image(first_engine())
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and host != "unix:///var/run/docker.sock":
+        load(host, image)
+    return image

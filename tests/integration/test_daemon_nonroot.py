@@ -91,7 +91,7 @@ def person(_image: None) -> Iterator[Person]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def test_a_user_in_the_docker_group_runs_decides_and_stops_through_the_daemon(person: Person) -> None:
+def test_a_user_in_the_docker_group_runs_decides_and_stops_through_the_daemon(person: Person, engine: str) -> None:
     code, run, err = person.cli("run", "--agent", "bot", "--wait", "echo hi > hi.txt")
     assert code == 0 and run["state"] == "proposed", err
     daemon = person.info()
@@ -153,7 +153,7 @@ def _own(person: Person, path: Path, data: bytes) -> None:
         os.chown(p, pw.pw_uid, pw.pw_gid)
 
 
-def test_a_user_gets_secrets_absent_and_the_reviewers_protections_too(person: Person) -> None:
+def test_a_user_gets_secrets_absent_and_the_reviewers_protections_too(person: Person, engine: str) -> None:
     """The withholding (by name in any case, by identity, inside an archive, in the history) and
     the protections after the container (bounds, marks, escapes) as the user runs them."""
     import io
@@ -260,17 +260,16 @@ def test_a_run_whose_process_dies_is_reattached_for_a_user_who_is_not_root(perso
     assert not client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})
 
 
-def test_codex_as_a_user_who_is_not_root_gets_a_capped_copy_of_its_home(person: Person) -> None:
+def test_codex_as_a_user_who_is_not_root_gets_a_capped_copy_of_its_home(person: Person, engine: str) -> None:
     """The real Codex through the gateway, as the user: its home is a copy on the capped
     filesystem the engine holds, so writing 100 MB there stops at the cap and the run is over its
     growth limit, nothing of it reaches the home; a run within the cap keeps what it wrote there."""
     import secrets
 
+    from engines import codex_image
     from scripted_model import Reply, ScriptedModel, exec_call, message, usage
 
-    from airlockd.sandbox.image import ensure_codex_image
-
-    ensure_codex_image(docker.from_env())
+    codex_image()
     key_env, key = "AIRLOCK_TEST_NONROOT_UPSTREAM_KEY", "sk-proj-" + secrets.token_hex(20)
     with ScriptedModel(fallback=lambda seen: Reply([message("nothing more")], usage(5, 1))) as model:
         with (person.ws / "policies.toml").open("a") as fh:

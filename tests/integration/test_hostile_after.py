@@ -111,7 +111,7 @@ def _over_a_bound(ws: Path, script: str, limit: str, allowed: int, daemon: bool)
 
 
 def test_a_flood_or_a_deep_tree_ends_the_run_at_the_bound_through_both_cli_doors(
-    _state_dir: Path, tmp_path: Path, stager: str | None
+    _state_dir: Path, tmp_path: Path, stager: str | None, engine: str
 ) -> None:
     ws = _workspace(tmp_path)
     flood = _over_a_bound(ws, FLOOD, "changed_files", 200, daemon=False)
@@ -125,7 +125,10 @@ def test_a_flood_or_a_deep_tree_ends_the_run_at_the_bound_through_both_cli_doors
     assert {e["run"] for e in exceeded} == {flood["id"], deep["id"]}
     assert _cli(ws, "audit", "--verify").returncode == 0
     # the flood is not copied to disk for inspection: that would cost what the agent chose
-    if flood["growth_capped"]:
+    if engine == "remote":  # its upper layer came back as a stream, cut at the first node over the bound
+        upper = next(_state_dir.glob(f"*/runs/{flood['id']}/staging"))
+        assert sum(len(files) for _, _, files in os.walk(upper)) <= 201
+    elif flood["growth_capped"]:
         dropped = next(_state_dir.glob(f"*/runs/{flood['id']}/staging.dropped")).read_text()
         assert "changed_files (200)" in dropped
         assert any(e["kind"] == "stage.dropped" and e["run"] == flood["id"] for e in audit)
@@ -158,7 +161,9 @@ def _renderings_escape(ws: Path, run_id: str, daemon: bool) -> None:
     assert "look-alike name" in shown and "reads as 'setup.py'" in shown
 
 
-def test_the_reviewer_sees_every_trap_through_the_cli_and_the_editor(_state_dir: Path, tmp_path: Path) -> None:
+def test_the_reviewer_sees_every_trap_through_the_cli_and_the_editor(
+    _state_dir: Path, tmp_path: Path, engine: str
+) -> None:
     ws = _workspace(tmp_path)
     # door 1: the CLI acting alone
     proc = _cli(ws, "--json", "run", "--agent", "bot", "--wait", TRAPS)
@@ -255,7 +260,7 @@ WEDGE = "; ".join(
 
 
 def test_a_sparse_file_and_slow_to_scan_output_cost_the_host_a_stat_and_a_linear_pass(
-    _state_dir: Path, tmp_path: Path, stager: str | None
+    _state_dir: Path, tmp_path: Path, stager: str | None, engine: str
 ) -> None:
     ws = _workspace(tmp_path)
     started = time.monotonic()
@@ -277,7 +282,7 @@ def test_a_sparse_file_and_slow_to_scan_output_cost_the_host_a_stat_and_a_linear
 
 
 def test_a_change_set_built_to_wedge_the_commit_lands_whole_or_not_at_all(
-    _state_dir: Path, tmp_path: Path, stager: str | None
+    _state_dir: Path, tmp_path: Path, stager: str | None, engine: str
 ) -> None:
     ws = _workspace(tmp_path)
     (ws / "src" / "pkg").mkdir()

@@ -1,0 +1,126 @@
+"""What travels to a remote engine's mirror (sandbox/enginemirror.py): only what changed, a
+changed file unlinked there before it is sent (a hard-link clone's sibling never changes), a
+directory that became something else removed whole, and the relay's frames (sandbox/relay.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+from airlockd.sandbox import relay
+from airlockd.sandbox.enginemirror import plan, scan
+
+
+def _tree(root: Path) -> Path:
+    (root / "src" / "d").mkdir(parents=True)
+    (root / "src" / "a.py").write_text("A = 1\n")
+    (root / "src" / "d" / "b.py").write_text("B = 1\n")
+    (root / "link").symlink_to("src/a.py")
+    return root
+
+
+def test_an_unchanged_tree_sends_nothing_and_a_clone_shares_every_key(tmp_path: Path) -> None:
+    g1 = _tree(tmp_path / "g1")
+    subprocess.run(["cp", "-al", str(g1), str(tmp_path / "g2")], check=True)
+    assert plan(scan(g1), scan(g1)) == ([], [])
+    assert plan(scan(g1), scan(tmp_path / "g2")) == ([], [])  # hard links: same inode, same key
+
+
+def test_a_change_is_removed_there_first_then_sent(tmp_path: Path) -> None:
+    g1 = _tree(tmp_path / "g1")
+    have = scan(g1)
+    tmp = g1 / "src" / ".new"
+    tmp.write_text("A = 2\n")
+    os.replace(tmp, g1 / "src" / "a.py")  # as the mirror writes: a new inode
+    (g1 / "src" / "c.py").write_text("C = 1\n")
+    (g1 / "link").unlink()
+    (g1 / "link").symlink_to("src/c.py")
+    remove, send = plan(have, scan(g1))
+    assert remove == ["link", "src/a.py"]
+    assert send == ["link", "src/a.py", "src/c.py"]
+
+
+def test_a_directory_that_went_goes_whole_and_a_new_one_travels_with_its_parents(tmp_path: Path) -> None:
+    g1 = _tree(tmp_path / "g1")
+    have = scan(g1)
+    shutil.rmtree(g1 / "src" / "d")
+    (g1 / "src" / "d").write_text("now a file\n")
+    (g1 / "new" / "deep").mkdir(parents=True)
+    (g1 / "new" / "deep" / "x").write_text("x\n")
+    os.chmod(g1 / "src", 0o750)
+    remove, send = plan(have, scan(g1))
+    assert remove == ["src/d"]  # its child goes with it, not on its own
+    assert send == ["new", "new/deep", "new/deep/x", "src", "src/d"]  # a parent before its children
+
+
+def test_relay_frames_carry_each_connection_both_ways(tmp_path: Path) -> None:
+    """The relay's program, run here with a pipe for the engine's streams, and `Relay`'s own
+    framing: an echo server stands for the gateway."""
+    target = tmp_path / "gw.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(target))
+    srv.listen(4)
+
+    def echo() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                while data := c.recv(4096):
+                    c.sendall(data.upper())
+
+    threading.Thread(target=echo, daemon=True).start()
+    there = tmp_path / "there" / "gw.sock"
+    proc = subprocess.Popen(
+        ["python3", "-I", "-c", relay.RELAY, str(there)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    r = relay.Relay(None, "holder", str(there), target)
+    r._raw = _PipeWriter(proc.stdin)
+    frames: list[tuple[int, int, bytes]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        while head := proc.stdout.read(relay.HEADER.size):
+            cid, kind, n = relay.HEADER.unpack(head)
+            data = proc.stdout.read(n) if n else b""
+            frames.append((cid, kind, data))
+            r._frame(cid, kind, data)
+
+    threading.Thread(target=read, daemon=True).start()
+    for _ in range(200):
+        if there.exists():
+            break
+        threading.Event().wait(0.05)
+    assert oct(there.stat().st_mode & 0o777) == "0o666"
+    for word in (b"hello", b"world"):
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(str(there))
+        c.sendall(word)
+        c.shutdown(socket.SHUT_WR)
+        got = b""
+        while data := c.recv(4096):
+            got += data
+        c.close()
+        assert got == word.upper()
+    assert frames[0] == (0, relay.LISTENING, b"")
+    assert {f[0] for f in frames if f[1] == relay.OPENED} == {1, 2}
+    r.close()
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    srv.close()
+
+
+class _PipeWriter:
+    def __init__(self, pipe: object) -> None:
+        self.pipe = pipe
+
+    def sendall(self, data: bytes) -> None:
+        self.pipe.write(data)  # type: ignore[attr-defined]
+        self.pipe.flush()  # type: ignore[attr-defined]

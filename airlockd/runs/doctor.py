@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airlockd.sandbox import layers, runtimes, seccomp, volumes
+from airlockd.sandbox import enginepaths, layers, runtimes, seccomp, volumes
 from airlockd.sandbox.base import OverlayVolume
+from airlockd.sandbox.enginemirror import EngineMirror
 from airlockd.staging import capfs, stagers
 from airlockd.staging.upperdump import read_dump
 
@@ -37,7 +38,11 @@ def run_checks(workspace: Path) -> list[Check]:
         client = docker.from_env(timeout=10)
         v = client.version()
         info = client.info()
-        return f"Docker {v.get('Version')}, cgroup v{info.get('CgroupVersion', '?')}, storage {info.get('Driver')}"
+        where = os.environ.get("DOCKER_HOST") or "the local socket"
+        return (
+            f"Docker {v.get('Version')} ({where}), cgroup v{info.get('CgroupVersion', '?')},"
+            f" storage {info.get('Driver')}"
+        )
 
     checks.append(
         _check(
@@ -110,11 +115,15 @@ def run_checks(workspace: Path) -> list[Check]:
 
         root = StateDir.for_workspace(workspace).ensure().root
         held = None
-        if client is not None and capfs.available() is not None:
-            held = layers.EngineUpper(client, image_tag())
+        if client is not None:
+            remote = not enginepaths.sees_local_paths(client, image_tag())
+            if remote or capfs.available() is not None:
+                held = layers.EngineUpper(client, image_tag(), remote=remote)
         stager = stagers.choose(root, held)
         if stager.name == stagers.OVERLAY and held is not None:  # the engine holds its upper layer
-            held_probe["refused"] = refused = held_refuses(client, root, image_tag())
+            held_probe["refused"] = refused = held_refuses(client, root, image_tag(), remote=held.remote)
+            if refused and held.remote:  # no copy can serve an engine that cannot see it
+                raise RuntimeError(f"the remote engine could not stage a run: {refused}")
             if refused:
                 return f"{stagers.CopyStager.summary}: the engine could not hold a capped upper layer: {refused}"
         elif (
@@ -157,7 +166,8 @@ def run_checks(workspace: Path) -> list[Check]:
     )
 
     def growth_cap() -> str:
-        if (why := capfs.available()) is None:
+        why = capfs.available()
+        if why is None and "refused" not in held_probe:
             return "each run's writable copy is a size-capped tmpfs (workspace_growth_mb)"
         if "refused" in held_probe and held_probe["refused"] is None:
             return (
@@ -165,7 +175,7 @@ def run_checks(workspace: Path) -> list[Check]:
                 " checked: a probe writing past its cap stopped at ENOSPC"
             )
         refused = held_probe.get("refused") or "the engine cannot hold one (a remote engine, or none answers)"
-        raise RuntimeError(f"workspace growth is not capped: {why}, and {refused}")
+        raise RuntimeError(f"workspace growth is not capped: {why + ', and ' if why else ''}{refused}")
 
     checks.append(
         _check(
@@ -266,17 +276,17 @@ GVISOR_PROBE = (
 )
 
 
-def held_refuses(client: Any, state_root: Path, image: str) -> str | None:
+def held_refuses(client: Any, state_root: Path, image: str, *, remote: bool = False) -> str | None:
     """The way a run without root is staged, tried small: a capped upper layer the engine holds,
     a whiteout laid by the engine, a container on the overlay that reads, writes and fills the
     cap, and the upper layer read back. None when all of it works, else what did not."""
     probe = state_root / f".engine-probe-{uuid.uuid4().hex[:8]}"
-    lower = probe / "lower"
+    lower = probe / "g1"  # as a mirror's generation: a remote engine gets a copy of it
     lower.mkdir(parents=True)
     (lower / "probe").write_text("lower\n")
     (lower / "hidden").write_text("hidden\n")
     run_id = "doctor-" + probe.name[-8:]
-    held = layers.EngineUpper(client, image)
+    held = layers.EngineUpper(client, image, remote=remote)
     me = (os.getuid(), os.getgid())
     script = (
         "cat /w/hidden 2>/dev/null && echo SEEN; cat /w/probe >/dev/null && echo upper > /w/written;"
@@ -285,7 +295,8 @@ def held_refuses(client: Any, state_root: Path, image: str) -> str | None:
     try:
         upper, work = held.hold(run_id, 1 << 20, 256, me, 0o755)
         held.place(run_id, [], ["hidden"])
-        lay = stagers.Layout(lower, Path(upper), Path(work), probe, held.options)
+        on_engine = held.lower(lower) if remote else None
+        lay = stagers.Layout(lower, Path(upper), Path(work), probe, held.options, on_engine)
         volumes.create(client, run_id, OverlayVolume(lay.lower, lay.upper, lay.work, lay.options))
         try:
             out = client.containers.run(
@@ -310,6 +321,8 @@ def held_refuses(client: Any, state_root: Path, image: str) -> str | None:
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:
         held.release(run_id)
+        if remote:
+            EngineMirror(client, image, probe).remove()
         shutil.rmtree(probe, ignore_errors=True)
 
 

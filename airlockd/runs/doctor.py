@@ -64,7 +64,9 @@ def run_checks(workspace: Path) -> list[Check]:
     checks.append(_check("runtime image", image, "airlockd runtime build"))
 
     def builder() -> str:
-        found = shutil.which("debootstrap")
+        from airlockd.sandbox.image import find_debootstrap
+
+        found = find_debootstrap()
         if not found:
             raise RuntimeError("debootstrap is not installed (needed only to build the image)")
         return found

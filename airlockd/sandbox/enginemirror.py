@@ -134,6 +134,7 @@ class EngineMirror:
         self.name = volume_name(self.key)
         self.labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
         self._state_file = mirror_root / "engine-mirror.json"
+        self.last = (0, 0)  # the last sync: (paths removed there, paths sent)
 
     # -- what the engine holds, as recorded here ---------------------------------------------
 
@@ -285,6 +286,7 @@ class EngineMirror:
                     for g in gone:
                         gens.pop(g)
             self._save(state)
+            self.last = (len(remove), len(send))
             log.info("mirror %s on the engine: %s removed, %s sent", gen, len(remove), len(send))
             return str(mountpoint / gen)
 

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,23 @@ from airlockd.errors import EngineError
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_seen: dict[str, bool] = {}
+_seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (Unix sockets share a base URL)
+_by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def sees_local_paths(client: Any, image: str) -> bool:
     """True when a bind mount of a path here shows that path's content in the engine's containers."""
-    key = str(client.api.base_url)
+    with _lock:
+        if client in _by_client:
+            return _by_client[client]
+    try:
+        info = client.info()  # engines that share a key file share an ID: the data root tells them apart
+        key = f"{info.get('ID')} {info.get('Name')}:{info.get('DockerRootDir')}"
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"the engine did not answer: {exc}", hint="check the engine (airlockd doctor)") from None
     with _lock:
         if key in _seen:
+            _by_client[client] = _seen[key]
             return _seen[key]
     probe = Path(tempfile.mkdtemp(prefix="airlockd-probe-"))
     marker = f"m-{secrets.token_hex(8)}"
@@ -62,7 +72,7 @@ def sees_local_paths(client: Any, image: str) -> bool:
                 seen = False
     except docker.errors.ImageNotFound:
         raise EngineError(
-            f"the image {image} is not on the engine at {key}",
+            f"the image {image} is not on the engine {key}",
             hint="build it there: DOCKER_HOST=<that engine> airlockd runtime build",
         ) from None
     except docker.errors.DockerException as exc:
@@ -75,7 +85,7 @@ def sees_local_paths(client: Any, image: str) -> bool:
             with contextlib.suppress(docker.errors.DockerException):
                 client.api.remove_container(container["Id"], force=True)
         shutil.rmtree(probe, ignore_errors=True)
-    log.info("the engine at %s %s this machine's paths", key, "sees" if seen else "does not see")
+    log.info("the engine %s %s this machine's paths", key, "sees" if seen else "does not see")
     with _lock:
-        _seen[key] = seen
+        _seen[key] = _by_client[client] = seen
     return seen

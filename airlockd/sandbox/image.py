@@ -247,8 +247,14 @@ def _tag_latest(client: Any, tag: str) -> None:
         raise EngineError(f"cannot tag {tag} as latest: {exc}", hint=_ENGINE_FIX) from None
 
 
+def find_debootstrap() -> str | None:
+    """debootstrap on PATH or in the sbin directories (not on the PATH of a user who is not root
+    on Debian)."""
+    return shutil.which("debootstrap", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+
+
 def _build_base(client: Any, defn: ImageDefinition, tag: str, progress: Progress, mirror: str | None) -> None:
-    debootstrap = shutil.which("debootstrap")
+    debootstrap = find_debootstrap()
     if debootstrap is None:
         raise EngineError(
             "debootstrap is not installed; it builds the runtime image without a registry",

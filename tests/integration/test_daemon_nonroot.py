@@ -299,3 +299,16 @@ def test_codex_as_a_user_who_is_not_root_gets_a_capped_copy_of_its_home(person: 
                 assert key.encode() not in p.read_bytes(), p
         client = docker.from_env()
         assert not client.containers.list(all=True, filters={"label": f"airlockd.held-for={run['id']}"})
+
+
+def test_doctor_is_green_for_the_user_on_either_engine(person: Person, engine: str) -> None:
+    """The user's `airlockd doctor` on the local engine and on the second (a remote host): the
+    overlay stager and a growth cap the engine holds, each tried with a probe run there."""
+    code, report, err = person.cli("doctor", daemon="off")
+    assert code == 0 and report["ok"], ([c for c in report["checks"] if not c["ok"]], err)
+    by = {c["name"]: c["detail"] for c in report["checks"]}
+    assert by["stager"].startswith("overlay"), by["stager"]
+    assert "remote engine" in by["stager"] if engine == "remote" else "not root" in by["stager"]
+    assert "the engine holds" in by["workspace growth cap"] and "ENOSPC" in by["workspace growth cap"]
+    if engine == "remote":
+        assert os.environ["DOCKER_HOST"] in by["container engine"]

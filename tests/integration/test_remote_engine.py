@@ -1,0 +1,121 @@
+"""A remote engine's mirror (sandbox/enginemirror.py), against the second engine (a host where
+none of this machine's paths exist): the engine itself says it cannot see them, the first sync
+sends the tree, the next only what changed, a generation a live run may have mounted never
+changes under it, generations gone here go there, and a sync cut short is made again whole."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import docker
+import pytest
+from engines import first_engine
+
+from airlockd.sandbox.enginemirror import EngineMirror
+from airlockd.sandbox.enginepaths import sees_local_paths
+from airlockd.sandbox.image import image_tag
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
+
+ODD = "odd name\nwith a newline \udcff"  # a name that is not UTF-8 and has a newline in it
+
+
+def _tree(root: Path, n: int = 300) -> Path:
+    for i in range(n):
+        d = root / f"pkg{i % 10}" / f"sub{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"m{i}.py").write_text(f"V = {i}\n" * (i % 7 + 1))
+    (root / "link").symlink_to("pkg0/sub0/m0.py")
+    (root / os.fsdecode(os.fsencode(ODD))).write_bytes(b"odd\n")
+    os.chmod(root / "pkg1", 0o750)
+    return root
+
+
+def _sums(tree: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, _, files in os.walk(tree):
+        for f in files:
+            p = Path(dirpath) / f
+            rel = os.fsencode(p.relative_to(tree)).hex()
+            out[rel] = "link:" + os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+SUMS = r"""
+import hashlib, json, os, sys
+out = {}
+for dirpath, _, files in os.walk(sys.argv[1].encode()):
+    for f in files:
+        p = os.path.join(dirpath, f)
+        rel = os.path.relpath(p, sys.argv[1].encode()).hex()
+        link = os.path.islink(p)
+        out[rel] = "link:" + os.readlink(p).decode() if link else hashlib.sha256(open(p, "rb").read()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+def _there(client: docker.DockerClient, mirror: EngineMirror, gen: str) -> dict[str, str]:
+    import json
+
+    out = client.containers.run(
+        image_tag(), ["python3", "-I", "-c", SUMS, f"/m/{gen}"], volumes={mirror.name: {"bind": "/m", "mode": "ro"}},
+        network_mode="none", remove=True, user="0:0",
+    )  # fmt: skip
+    return dict(json.loads(out))
+
+
+def test_the_engine_itself_says_whether_it_sees_this_machines_paths(second_engine: str) -> None:
+    assert sees_local_paths(first_engine(), image_tag()) is True
+    assert sees_local_paths(docker.DockerClient(base_url=second_engine), image_tag()) is False
+
+
+def test_the_mirror_travels_once_then_only_what_changed(second_engine: str, tmp_path: Path) -> None:
+    client = docker.DockerClient(base_url=second_engine)
+    root = tmp_path / "mirror"
+    g1 = _tree(root / "g1")
+    mirror = EngineMirror(client, image_tag(), root)
+    try:
+        lower = mirror.sync(g1)
+        assert lower.endswith(f"/{mirror.name}/_data/g1")  # a path on the engine's host
+        nodes = sum(len(d) + len(f) for _, d, f in os.walk(g1))
+        assert mirror.last == (0, nodes)
+        assert _there(client, mirror, "g1") == _sums(g1)
+        mirror.sync(g1)
+        assert mirror.last == (0, 0)  # nothing changed: nothing travels
+
+        # the next generation, as the local mirror makes one under a live run: a hard-link clone
+        subprocess.run(["cp", "-al", str(g1), str(root / "g2")], check=True)
+        g2 = root / "g2"
+        for i in range(10):
+            p = g2 / f"pkg{i % 10}" / f"sub{i % 3}" / f"m{i}.py"
+            tmp = p.with_name(".tmp")
+            tmp.write_text(f"CHANGED = {i}\n")
+            os.replace(tmp, p)  # never in place: a new inode
+        shutil.rmtree(g2 / "pkg9" / "sub2")
+        mirror.sync(g2)
+        removed, sent = mirror.last
+        assert removed == 11 and sent == 10
+        assert _there(client, mirror, "g2") == _sums(g2)
+        assert _there(client, mirror, "g1") == _sums(g1)  # what a live run mounted did not change
+
+        shutil.rmtree(g1)  # the local mirror collected it: so does the engine's
+        mirror.sync(g2)
+        assert mirror.last == (0, 0)
+        assert "g1" not in {bytes.fromhex(k).split(b"/")[0] for k in _there(client, mirror, "")}
+
+        # a sync cut short (the process died mid-stream): the next makes the generation again
+        import json
+
+        state = json.loads((root / "engine-mirror.json").read_text())
+        state["gens"]["g2"]["partial"] = True
+        (root / "engine-mirror.json").write_text(json.dumps(state))
+        client.containers.get(mirror.name).exec_run(["sh", "-c", "rm -rf /mirror/g2/pkg0"])
+        mirror.sync(g2)
+        assert mirror.last[1] == sum(len(d) + len(f) for _, d, f in os.walk(g2))
+        assert _there(client, mirror, "g2") == _sums(g2)
+    finally:
+        mirror.remove()

@@ -10,8 +10,11 @@ sync:
   owner, size, mtime, inode, link target): the local mirror never writes a file in place (a
   change is a new inode), so an unchanged key is unchanged content;
 - a generation the engine lacks starts as a hard-link clone (`cp -al`) of the newest one it has,
-  as the local mirror's generations do; a changed or removed path is unlinked there first, so a
-  clone's sibling (which a live run may have mounted) never changes;
+  as the local mirror's generations do. A path that went, or became another kind of node, is
+  removed there first; a changed file or link is replaced by the extraction itself, which unlinks
+  an existing non-directory before it creates the new one (the engine's archive code: "if path
+  exists we almost always just want to remove and replace it"), so a clone's sibling (which a
+  live run may have mounted) never changes (tests/integration/test_remote_engine.py checks it);
 - the changed and new nodes travel as one `tar` stream (GNU tar, read from the local generation,
   owners and modes kept) through `put_archive`; generations no longer here are removed there;
 - a sync cut short leaves the generation marked: the next one removes it and starts again.
@@ -107,10 +110,10 @@ def scan(tree: Path) -> dict[str, Key]:
 
 
 def plan(have: dict[str, Key], want: dict[str, Key]) -> tuple[list[str], list[str]]:
-    """(paths to remove there first, paths to send) to turn `have` into `want`. A directory whose
-    kind is unchanged stays (its mode and owner travel with it); anything else that differs is
-    removed, then sent."""
-    remove = [r for r, k in have.items() if r not in want or (want[r] != k and not (k[0] == "d" == want[r][0]))]
+    """(paths to remove there first, paths to send) to turn `have` into `want`. A path that went,
+    or whose kind changed, is removed; a node of the same kind that differs is sent (the extraction
+    replaces a file or link, and gives a directory its mode and owner)."""
+    remove = [r for r, k in have.items() if r not in want or want[r][0] != k[0]]
     removed = set(remove)
     # under a removed directory nothing needs removing on its own; a parent goes before its children
     remove = sorted(r for r in remove if not any(p in removed for p in _parents(r)))
@@ -212,6 +215,18 @@ class EngineMirror:
         if not ok:
             raise EngineError(f"the engine refused the workspace's mirror ({dest})")
 
+    def _remove(self, gen: str, paths: list[str]) -> None:
+        """Remove `paths` from the generation `gen` there: the list put beside it, then one exec."""
+        name = f".remove-{secrets.token_hex(6)}"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            data = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in paths)
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+        self._put(MOUNT, buf.getvalue())
+        self._exec(["python3", "-I", "-c", REMOVE, f"{MOUNT}/{gen}", f"{MOUNT}/{name}"])
+
     def _send(self, tree: Path, dest: str, paths: list[str]) -> None:
         """The nodes `paths` of the local `tree` as one tar stream into `dest` on the engine."""
         listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
@@ -267,15 +282,7 @@ class EngineMirror:
                 self._save(state)
             remove, send = plan(have, want)
             if remove:
-                name = f".remove-{secrets.token_hex(6)}"
-                buf = io.BytesIO()
-                with tarfile.open(fileobj=buf, mode="w") as tf:
-                    data = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in remove)
-                    ti = tarfile.TarInfo(name)
-                    ti.size = len(data)
-                    tf.addfile(ti, io.BytesIO(data))
-                self._put(MOUNT, buf.getvalue())
-                self._exec(["python3", "-I", "-c", REMOVE, f"{MOUNT}/{gen}", f"{MOUNT}/{name}"])
+                self._remove(gen, remove)
             if send:
                 self._send(tree, f"{MOUNT}/{gen}", send)
             gens[gen] = {"nodes": want}

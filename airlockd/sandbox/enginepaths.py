@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import tempfile
@@ -31,8 +32,15 @@ _seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (U
 _by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+#: the engine's socket on this machine (no DOCKER_HOST): taken as local without a probe
+LOCAL_SOCKETS = frozenset({"", "unix:///var/run/docker.sock", "unix:///run/docker.sock"})
+
+
 def sees_local_paths(client: Any, image: str) -> bool:
-    """True when a bind mount of a path here shows that path's content in the engine's containers."""
+    """True when a bind mount of a path here shows that path's content in the engine's containers.
+    The engine of this machine's own socket is asked nothing (a probe costs a container create)."""
+    if os.environ.get("DOCKER_HOST", "") in LOCAL_SOCKETS:
+        return True
     with _lock:
         if client in _by_client:
             return _by_client[client]

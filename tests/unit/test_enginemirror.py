@@ -30,7 +30,7 @@ def test_an_unchanged_tree_sends_nothing_and_a_clone_shares_every_key(tmp_path: 
     assert plan(scan(g1), scan(tmp_path / "g2")) == ([], [])  # hard links: same inode, same key
 
 
-def test_a_change_is_removed_there_first_then_sent(tmp_path: Path) -> None:
+def test_a_change_is_sent_and_only_what_went_is_removed(tmp_path: Path) -> None:
     g1 = _tree(tmp_path / "g1")
     have = scan(g1)
     tmp = g1 / "src" / ".new"
@@ -39,8 +39,11 @@ def test_a_change_is_removed_there_first_then_sent(tmp_path: Path) -> None:
     (g1 / "src" / "c.py").write_text("C = 1\n")
     (g1 / "link").unlink()
     (g1 / "link").symlink_to("src/c.py")
+    (g1 / "src" / "gone.py").write_text("")
+    have = {**have, "src/gone.py": ["f", 0o100644, 0, 0, 0, 0, 1]}
+    (g1 / "src" / "gone.py").unlink()
     remove, send = plan(have, scan(g1))
-    assert remove == ["link", "src/a.py"]
+    assert remove == ["src/gone.py"]  # a changed file or link is replaced by the extraction itself
     assert send == ["link", "src/a.py", "src/c.py"]
 
 

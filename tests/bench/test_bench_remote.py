@@ -1,0 +1,101 @@
+"""Benchmark: the second engine (a remote host: its own namespaces, none of this machine's paths;
+tests/engines.py), on the 20,000-file tree, interleaved in one run. Prints, never asserts speed
+(issue 12's targets: the first sync / `tar c TREE | docker cp - C:/dir` <= 1.2; a run with 10
+changed files after the first sync / bare `docker run --rm IMAGE true` there <= 1.5).
+
+    .venv/bin/pytest -q -s tests/bench/test_bench_remote.py -p no:warnings
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import docker
+import pytest
+from treegen import big_tree, spec_from_env
+
+from airlockd.sandbox.enginemirror import EngineMirror
+from airlockd.sandbox.image import image_tag
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("_image")]
+
+ROUNDS = 5
+
+
+def _timed(fn: object) -> float:
+    os.sync()
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def test_first_sync_against_tar_into_a_container(second_engine: str, tmp_path: Path) -> None:
+    client = docker.DockerClient(base_url=second_engine)
+    tree = big_tree(tmp_path, spec_from_env())
+    root = tmp_path / "mirror"
+    root.mkdir()
+    gen = root / "g1"
+    subprocess.run(["cp", "-a", str(tree.root), str(gen)], check=True)
+    env = {**os.environ, "DOCKER_HOST": second_engine}
+    syncs, tars = [], []
+    for _ in range(3):
+        mirror = EngineMirror(client, image_tag(), root)
+        mirror.remove()
+        syncs.append(_timed(lambda: mirror.sync(gen)))  # noqa: B023
+        c = client.containers.create(image_tag(), ["true"], volumes={"airlockd-bench-dir": {"bind": "/dir"}})
+        pipe = f"tar c -C {tree.root} . | docker cp - {c.id}:/dir"
+        tars.append(_timed(lambda: subprocess.run(["sh", "-c", pipe], check=True, env=env)))  # noqa: B023
+        c.remove(force=True)
+        client.volumes.get("airlockd-bench-dir").remove(force=True)
+        mirror.remove()
+    s, t = statistics.median(syncs), statistics.median(tars)
+    print(
+        f"\nsecond engine, {tree.files} files / {tree.bytes / 2**20:.0f} MiB, median of 3:"
+        f"\n  first sync (keeper made, scan, tar stream) {s:.3f} s ÷ tar c TREE | docker cp - C:/dir {t:.3f} s"
+        f" = {s / t:.2f} (target <= 1.2)"
+    )
+
+
+def test_a_run_with_ten_changed_files_against_a_bare_run(
+    second_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airlockd.runs.service import Service
+
+    monkeypatch.setenv("DOCKER_HOST", second_engine)
+    tree = big_tree(tmp_path, spec_from_env())
+    ws = tmp_path / "project"
+    subprocess.run(["cp", "-a", str(tree.root), str(ws)], check=True)
+    (ws / "policies.toml").write_text('[agents.noop]\ncommand = ["true"]\n')
+    svc = Service(ws)
+    assert svc.keep_mirrors() is None  # the daemon's keeper, from file events
+    t0 = time.perf_counter()
+    first = svc.execute(svc.submit("noop", "").id)
+    cold = time.perf_counter() - t0
+    assert first.stager == "overlay", first
+    files = sorted(p for p in ws.rglob("*.py") if p.is_file())[:10]
+    runs, bares, stagings = [], [], []
+    for i in range(ROUNDS):
+        for p in files:
+            p.write_text(p.read_text() + f"# round {i}\n")
+        time.sleep(0.3)  # the keeper hears of them
+        t0 = time.perf_counter()
+        rec = svc.execute(svc.submit("noop", "").id)
+        runs.append(time.perf_counter() - t0)
+        at = {t.state.value: t.at for t in rec.transitions}
+        stagings.append(at["running"] - at["staging"])
+        assert rec.state.value in ("proposed", "applied"), rec.error
+        bare = ["docker", "run", "--rm", image_tag(), "true"]
+        bares.append(_timed(lambda: subprocess.run(bare, check=True, capture_output=True)))  # noqa: B023
+    svc.close() if hasattr(svc, "close") else None
+    r, b, st = statistics.median(runs), statistics.median(bares), statistics.median(stagings)
+    print(
+        f"\nsecond engine, {tree.files} files, median of {ROUNDS}:"
+        f"\n  run after 10 changed files {r:.3f} s (its staging {st:.3f} s) ÷ bare docker run there {b:.3f} s"
+        f" = {r / b:.2f} (target <= 1.5)\n  first run (cold: mirror built and sent) {cold:.2f} s"
+    )
+    shutil.rmtree(ws, ignore_errors=True)

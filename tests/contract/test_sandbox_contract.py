@@ -186,7 +186,10 @@ def test_a_fork_refused_at_the_pids_cap_is_counted(backend: Backend) -> None:
 def test_memory_past_the_cap_is_oom_killed(backend: Backend) -> None:
     backend.cannot("allocate memory under a cgroup: it runs no process")
     info = backend.run(Agent(["python3", "-c", "b = bytearray(512 << 20)"], _write), memory_mb=64)
-    assert info.oom_killed and info.limit_hit == "memory" and info.exit_code == 137
+    # the engine's OOMKilled flag or the kernel's own count read from the cgroup: under heavy load
+    # the engine's flag was once seen missing from a run the kernel had killed (exit 137)
+    assert (info.oom_killed or info.counters.oom_kills) and info.limit_hit == "memory", info
+    assert info.exit_code == 137
 
 
 # -- stop, kill, reap --------------------------------------------------------------------------

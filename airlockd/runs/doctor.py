@@ -33,9 +33,7 @@ def run_checks(workspace: Path) -> list[Check]:
 
     def engine() -> str:
         nonlocal client
-        import docker
-
-        client = docker.from_env(timeout=10)
+        client = enginepaths.connect(10)
         v = client.version()
         info = client.info()
         where = os.environ.get("DOCKER_HOST") or "the local socket"

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import docker
-
 from airlockd.errors import EngineError
+from airlockd.sandbox import enginepaths
 from airlockd.sandbox.image import ensure_codex_image, ensure_image
 
 
@@ -15,7 +14,7 @@ def build(*, force: bool = False, with_codex: bool = False, progress: Callable[[
     """Build (or, unless `force`, find) the runtime image, and with `with_codex` the same image
     plus the Codex CLI under its own tag: {"image": tag[, "codex_image": tag]}."""
     try:
-        client = docker.from_env()
+        client = enginepaths.connect()
         client.ping()
     except Exception as exc:
         raise EngineError(

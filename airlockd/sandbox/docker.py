@@ -94,7 +94,7 @@ class DockerSandbox:
     def client(self) -> docker.DockerClient:
         if self._client is None:
             with _engine("connecting to the Docker engine"):
-                self._client = docker.from_env(timeout=int(self._timeout))
+                self._client = enginepaths.connect(int(self._timeout))
         return self._client
 
     # ---- the Protocol ----------------------------------------------------------------------

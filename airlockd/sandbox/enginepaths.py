@@ -32,6 +32,14 @@ _seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (U
 _by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+def connect(timeout: int = 60) -> Any:
+    """A client of the engine `DOCKER_HOST` names (as the docker CLI reads it, TLS variables
+    included). `ssh://` goes through this machine's `ssh` (its config, keys and agent, as the
+    docker CLI does), not a Python SSH library."""
+    ssh = os.environ.get("DOCKER_HOST", "").startswith("ssh://")
+    return docker.from_env(timeout=timeout, use_ssh_client=ssh)
+
+
 #: the engine's socket on this machine (no DOCKER_HOST): taken as local without a probe
 LOCAL_SOCKETS = frozenset({"", "unix:///var/run/docker.sock", "unix:///run/docker.sock"})
 

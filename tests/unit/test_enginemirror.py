@@ -11,6 +11,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from airlockd.sandbox import relay
 from airlockd.sandbox.enginemirror import plan, scan
 
@@ -127,3 +129,19 @@ class _PipeWriter:
     def sendall(self, data: bytes) -> None:
         self.pipe.write(data)  # type: ignore[attr-defined]
         self.pipe.flush()  # type: ignore[attr-defined]
+
+
+def test_an_ssh_engine_is_reached_through_this_machines_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the docker CLI does (its config, keys and agent), not through a Python SSH library,
+    which airlockd does not install."""
+    import docker
+
+    from airlockd.sandbox import enginepaths
+
+    asked: list[dict[str, object]] = []
+    monkeypatch.setattr(docker, "from_env", lambda **kw: asked.append(kw) or "client")
+    monkeypatch.setenv("DOCKER_HOST", "ssh://builder@agents.example")
+    assert enginepaths.connect(10) == "client"
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2376")
+    enginepaths.connect()
+    assert asked == [{"timeout": 10, "use_ssh_client": True}, {"timeout": 60, "use_ssh_client": False}]

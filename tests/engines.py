@@ -4,13 +4,14 @@ session by the first test that asks for it, stopped at the session's end."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import docker
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "second-engine.sh"
-NAME = "tests"
+NAME = os.environ.get("AIRLOCK_SECOND_ENGINE", "tests")  # another name: a second test session beside one
 
 
 def start(images: list[str]) -> str:
@@ -38,8 +39,6 @@ def first_engine() -> docker.DockerClient:
 def codex_image() -> str:
     """The Codex image, built on the first engine when missing and loaded into the second when
     DOCKER_HOST points there (the second has no network to install it with)."""
-    import os
-
     from airlockd.sandbox.image import ensure_codex_image
 
     image = ensure_codex_image(first_engine())

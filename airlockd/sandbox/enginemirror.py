@@ -27,7 +27,6 @@ network, read-only root, only CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER) holds 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -84,9 +83,34 @@ def volume_name(key: str) -> str:
     return f"airlockd-mirror-{key}"
 
 
+ID_FILE = "engine-mirror.id"
+
+
 def mirror_key(mirror_root: Path) -> str:
-    """The engine-side name of the local mirror at `mirror_root` (a workspace at a clearance)."""
-    return hashlib.sha256(str(mirror_root).encode()).hexdigest()[:16]
+    """The engine-side name of the local mirror at `mirror_root` (a workspace at a clearance):
+    random, made once and kept beside it. Never derived from the path: two machines (or users)
+    with the same paths on one shared engine would otherwise share a volume, and one's runs could
+    see the other's files."""
+    path = mirror_root / ID_FILE
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        key = ""
+    if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
+        return key
+    mirror_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fresh = secrets.token_hex(16)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # another process made it first: theirs (or one not ours: replaced)
+        key = path.read_text().strip()
+        if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
+            return key
+        atomic_write_bytes(path, fresh.encode())
+        return fresh
+    with os.fdopen(fd, "w") as fh:
+        fh.write(fresh)
+    return fresh
 
 
 def scan(tree: Path) -> dict[str, Key]:
@@ -256,8 +280,9 @@ class EngineMirror:
         """Bring the engine's copy of the local generation `tree` (`<mirror>/g<N>`) up to date;
         its path on the engine's host (the overlay's lower layer)."""
         gen = tree.name
-        local_gens = {p.name for p in self.root.iterdir() if p.name[:1] == "g" and p.name[1:].isdigit()}
         with FileLock(str(self.root / "engine-mirror.lock")):
+            # under the lock: a list taken before it could miss a generation another sync just sent
+            local_gens = {p.name for p in self.root.iterdir() if p.name[:1] == "g" and p.name[1:].isdigit()}
             nonce, mountpoint = self._keeper()
             state = self._load(nonce)
             gens: dict[str, Any] = state["gens"]

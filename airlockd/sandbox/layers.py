@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 ROLE_LABEL = "airlockd.role"
 ROLE = "upper-holder"
+WORKSPACE_LABEL = "airlockd.workspace"
 HELD_LABEL = "airlockd.held-for"  # not the run label: the holder is no container of the agent's
 MOUNT = "/layers"
 #: overlayfs options for an upper layer on an engine-held tmpfs: as `overlay.OPTIONS`, with its
@@ -105,9 +106,10 @@ def hold(
 ) -> HeldLayers:
     """Create the run's capped volume, start its holder, and lay out `upper/` (owned by `owner`,
     with `mode`: what the merged root shows) and `work/`. A leftover of an earlier attempt of the
-    same run is removed first."""
-    release(client, run_id)
+    same run is removed first; one of another workspace's (a shared engine) is never touched."""
     labels = {**(labels or {}), OWNER_LABEL: "1", HELD_LABEL: run_id, ROLE_LABEL: ROLE}
+    _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
+    release(client, run_id)
     opts = f"size={max(size_bytes, 1 << 20)},nr_inodes={max(inodes, 64)},mode=0755"
     try:
         client.volumes.create(
@@ -140,6 +142,23 @@ def hold(
     held = HeldLayers(run_id, mountpoint)
     _put(client, held, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
     return held
+
+
+def _refuse_foreign(client: Any, run_id: str, workspace: str | None) -> None:
+    """An error when the run's holder name is taken by another workspace's holder on this engine
+    (run ids are short: on an engine many machines share, two may meet)."""
+    try:
+        found = client.api.inspect_container(holder_name(run_id))
+    except docker.errors.NotFound:
+        return
+    except docker.errors.DockerException as exc:
+        raise _engine(f"to look up the holder of run {run_id}", exc) from None
+    theirs = (found.get("Config") or {}).get("Labels") or {}
+    if theirs.get(WORKSPACE_LABEL) != workspace:
+        raise EngineError(
+            f"the engine already has a container named {holder_name(run_id)} that is not this workspace's",
+            hint="start the run again (it gets another id); on an engine others share, nothing of theirs is touched",
+        )
 
 
 def place(client: Any, held: HeldLayers, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:

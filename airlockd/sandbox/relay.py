@@ -36,10 +36,16 @@ DATA, END, OPENED, LISTENING = 0, 1, 2, 3
 READY_S = 20
 MAX_FRAME = 1 << 20
 
-#: run in the holder: listen on argv[1], carry each connection over stdin/stdout as frames.
+#: run in the holder: listen on argv[1], carry each connection over stdin/stdout as frames. At most
+#: MAX_CONNS connections at once (one more is closed at once: the holder's pids cap stays far);
+#: a connection goes when both its directions have ended; one whose reader does not take what
+#: the gateway sends within SEND_S is dropped (it cannot hold the others up for longer).
+MAX_CONNS = 16
+SEND_S = 15
 RELAY = r"""
-import os, socket, struct, sys, threading
+import os, socket, struct, sys, threading, time
 H = struct.Struct('>IBI')
+MAX_CONNS, SEND_S = int(sys.argv[2]), float(sys.argv[3])
 path = sys.argv[1]
 os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
 try:
@@ -49,33 +55,71 @@ except FileNotFoundError:
 srv = socket.socket(socket.AF_UNIX)
 srv.bind(path)
 os.chmod(path, 0o666)
-srv.listen(64)
+srv.listen(16)
 out = sys.stdout.buffer
 lock = threading.Lock()
 conns = {}
+ended = {}
 def send(cid, kind, data=b''):
     with lock:
         out.write(H.pack(cid, kind, len(data)) + data)
         out.flush()
+def done(cid, half):
+    with lock:
+        halves = ended.setdefault(cid, set())
+        halves.add(half)
+        s = conns.pop(cid, None) if len(halves) == 2 else None
+        if s is not None:
+            ended.pop(cid, None)
+    if s is not None:
+        try:
+            s.close()
+        except OSError:
+            pass
+def drop(cid):
+    with lock:
+        s = conns.pop(cid, None)
+        ended.pop(cid, None)
+    if s is not None:
+        try:
+            s.close()
+        except OSError:
+            pass
 send(0, 3)
 def pump(cid, s):
     try:
         while True:
-            d = s.recv(65536)
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
             if not d:
                 break
             send(cid, 0, d)
     except OSError:
         pass
     send(cid, 1)
+    done(cid, 'in')
 def accept():
     n = 0
     while True:
-        s, _ = srv.accept()
+        try:
+            s, _ = srv.accept()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if len(conns) >= MAX_CONNS:
+            s.close()
+            continue
         n += 1
+        s.settimeout(SEND_S)
         conns[n] = s
         send(n, 2)
-        threading.Thread(target=pump, args=(n, s), daemon=True).start()
+        try:
+            threading.Thread(target=pump, args=(n, s), daemon=True).start()
+        except RuntimeError:
+            send(n, 1)
+            drop(n)
 threading.Thread(target=accept, daemon=True).start()
 inp = sys.stdin.buffer
 def readn(k):
@@ -102,8 +146,9 @@ while True:
             s.sendall(data)
         else:
             s.shutdown(socket.SHUT_WR)
+            done(cid, 'out')
     except OSError:
-        pass
+        drop(cid)
 os._exit(0)
 """
 
@@ -113,7 +158,8 @@ class Relay:
 
     def __init__(self, client: Any, container: str, path: str, target: Path) -> None:
         self.client, self.container, self.path, self.target = client, container, path, target
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one frame at a time onto the engine's connection
+        self._closing = threading.Lock()  # never the frames' lock: a send may block (close unblocks it)
         self._conns: dict[int, socket.socket] = {}
         self._sock: Any = None
         self._raw: Any = None
@@ -123,8 +169,8 @@ class Relay:
     def start(self) -> Relay:
         try:
             exec_id = self.client.api.exec_create(
-                self.container, ["python3", "-I", "-c", RELAY, self.path], user="0:0", stdin=True, stdout=True,
-                stderr=False,
+                self.container, ["python3", "-I", "-c", RELAY, self.path, str(MAX_CONNS), str(SEND_S)], user="0:0",
+                stdin=True, stdout=True, stderr=False,
             )["Id"]  # fmt: skip
             self._sock = self.client.api.exec_start(exec_id, socket=True)
         except docker.errors.DockerException as exc:
@@ -207,10 +253,14 @@ class Relay:
             conn.close()
 
     def close(self) -> None:
-        with self._lock:
+        """End the relay; a send blocked on the engine's connection (a holder that stopped
+        reading) is woken by the shutdown and fails."""
+        with self._closing:
             if self._closed:
                 return
             self._closed = True
+        with contextlib.suppress(Exception):
+            self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(Exception):
             self._sock.close()
         for conn in list(self._conns.values()):

@@ -4,11 +4,13 @@ directory that became something else removed whole, and the relay's frames (sand
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,7 +85,7 @@ def test_relay_frames_carry_each_connection_both_ways(tmp_path: Path) -> None:
     threading.Thread(target=echo, daemon=True).start()
     there = tmp_path / "there" / "gw.sock"
     proc = subprocess.Popen(
-        ["python3", "-I", "-c", relay.RELAY, str(there)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ["python3", "-I", "-c", relay.RELAY, str(there), "4", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     assert proc.stdin is not None and proc.stdout is not None
     r = relay.Relay(None, "holder", str(there), target)
@@ -116,6 +118,29 @@ def test_relay_frames_carry_each_connection_both_ways(tmp_path: Path) -> None:
         assert got == word.upper()
     assert frames[0] == (0, relay.LISTENING, b"")
     assert {f[0] for f in frames if f[1] == relay.OPENED} == {1, 2}
+    # at most 4 at once (the holder's cap here): a fifth is closed at once, and a connection that
+    # ended on both sides frees its place (none is kept: no descriptor leaks)
+    idle = []
+    for _ in range(4):
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(str(there))
+        idle.append(c)
+    threading.Event().wait(0.3)
+    extra = socket.socket(socket.AF_UNIX)
+    extra.connect(str(there))
+    extra.settimeout(5)
+    assert extra.recv(10) == b""  # closed by the relay
+    for c in idle:
+        c.close()
+    threading.Event().wait(0.5)
+    for _ in range(8):  # more than the cap, one after another
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(str(there))
+        c.sendall(b"again")
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(5)
+        assert c.recv(100) == b"AGAIN"
+        c.close()
     r.close()
     proc.stdin.close()
     assert proc.wait(10) == 0
@@ -145,3 +170,39 @@ def test_an_ssh_engine_is_reached_through_this_machines_ssh(monkeypatch: pytest.
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2376")
     enginepaths.connect()
     assert asked == [{"timeout": 10, "use_ssh_client": True}, {"timeout": 60, "use_ssh_client": False}]
+
+
+def test_closing_a_relay_wakes_a_send_the_holder_no_longer_reads() -> None:
+    """A holder that stopped reading (its agent's socket unread) must not hold the run's end:
+    `close` shuts the engine's connection down, and the blocked send fails."""
+    ours, theirs = socket.socketpair()
+    r = relay.Relay(None, "holder", "/layers/gw/gateway.sock", Path("/nonexistent"))
+    r._raw = r._sock = ours
+    blocked = threading.Thread(target=lambda: _flood(r), daemon=True)
+    blocked.start()
+    blocked.join(1)
+    assert blocked.is_alive()  # stuck in sendall: nobody reads `theirs`
+    t0 = time.monotonic()
+    r.close()
+    blocked.join(5)
+    assert not blocked.is_alive() and time.monotonic() - t0 < 5
+    theirs.close()
+
+
+def _flood(r: relay.Relay) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            r._send(1, relay.DATA, b"x" * 65536)
+
+
+def test_a_mirror_is_named_on_the_engine_by_a_random_key_kept_beside_it(tmp_path: Path) -> None:
+    """Never by its path: two machines with the same paths on one shared engine must not share a
+    volume (one's runs would see the other's files)."""
+    from airlockd.sandbox.enginemirror import mirror_key
+
+    a, b = tmp_path / "a" / "mirror", tmp_path / "b" / "mirror"
+    key = mirror_key(a)
+    assert len(key) == 32 and mirror_key(a) == key  # kept
+    assert mirror_key(b) != key
+    (a / "engine-mirror.id").write_text("not a key\n")
+    assert mirror_key(a) not in (key, "not a key")  # one that is not ours is replaced

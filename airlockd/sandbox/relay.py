@@ -68,14 +68,9 @@ def done(cid, half):
     with lock:
         halves = ended.setdefault(cid, set())
         halves.add(half)
-        s = conns.pop(cid, None) if len(halves) == 2 else None
-        if s is not None:
-            ended.pop(cid, None)
-    if s is not None:
-        try:
-            s.close()
-        except OSError:
-            pass
+        both = len(halves) == 2
+    if both:
+        drop(cid)
 def drop(cid):
     with lock:
         s = conns.pop(cid, None)

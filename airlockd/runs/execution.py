@@ -221,7 +221,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     user = f"{uid}:{gid}"
     stdin_file = inv.stdin_file
     if held is not None and held.remote and stdin_file is not None:  # the engine's host cannot see it
-        os.chmod(stdin_file, 0o644)
+        # given to the agent's user there (root here), or kept ours (the agent runs as us)
         held.put(rec.id, "stdin", stdin_file, AGENT_UID if os.getuid() == 0 else None)
         stdin_file = Path(held.where(rec.id, "stdin"))
     spec = ContainerSpec(

@@ -179,7 +179,7 @@ class EngineMirror:
 
     # -- the engine's side ---------------------------------------------------------------------
 
-    def _keeper(self) -> tuple[str, PurePosixPath]:
+    def _keeper(self, retried: bool = False) -> tuple[str, PurePosixPath]:
         """The volume's nonce and mount point, with its keeper running (made when missing)."""
         try:
             try:
@@ -212,8 +212,8 @@ class EngineMirror:
                     volumes={self.name: {"bind": MOUNT, "mode": "rw"}},
                 )
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # another process made it at the same moment
-                return self._keeper()
+            if exc.status_code == 409 and not retried:  # another process made it at the same moment
+                return self._keeper(retried=True)
             raise _engine("to keep the workspace's mirror", exc) from None
         except docker.errors.DockerException as exc:
             raise _engine("to keep the workspace's mirror", exc) from None

@@ -125,3 +125,23 @@ def test_the_mirror_travels_once_then_only_what_changed(second_engine: str, tmp_
         assert _there(client, mirror, "g2") == _sums(g2)
     finally:
         mirror.remove()
+
+
+def test_a_prompt_on_standard_input_reaches_an_agent_on_the_remote_engine(
+    second_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default prompt mode: the prompt file, which the engine's host cannot see, is put into
+    the run's holder and read by the agent from there (as root here: given to the agent's user)."""
+    from airlockd.records import RunState
+    from airlockd.runs.service import Service
+
+    monkeypatch.setenv("DOCKER_HOST", second_engine)
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "policies.toml").write_text('[agents.bot]\ncommand = ["sh", "-c", "cat > got.txt; id -u >> got.txt"]\n')
+    svc = Service(ws)
+    rec = svc.execute(svc.submit("bot", "the prompt, on stdin").id)
+    assert rec.state in (RunState.PROPOSED, RunState.APPLIED), rec.error
+    assert {f.path for f in rec.files} == {"got.txt"}
+    got = next(svc.state.run_dir(rec.id).glob("staging/upper/got.txt")).read_text()
+    assert got == "the prompt, on stdin1000\n"

@@ -99,42 +99,54 @@ _ENGINE_MODULES = {
     "test_codex",
     "test_daemon_nonroot",
 }
+#: the smaller set that runs once more through Podman's Docker API: containment, limits, the
+#: gateway, and a user who is not root (daemon, secrets absent, re-attach, doctor)
+_PODMAN_MODULES = {
+    "test_containment",
+    "test_limits",
+    "test_gateway_route",
+    "test_daemon_nonroot",
+}
+ENGINES = ("local", "remote", "podman")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Staged suites run once per stager; a test that takes `runtime` runs under runc with each
     stager and under runsc (gVisor) with the overlay, the stager users get (AIRLOCK_RUNTIME=runc|
     runsc runs one); in the engine suites, and wherever a test takes `engine`, once more on the
-    second engine (AIRLOCK_ENGINE=local|remote runs one)."""
+    second engine, and in the Podman suites once more on Podman (AIRLOCK_ENGINE=local|remote|podman
+    runs one)."""
     module = metafunc.module.__name__.rpartition(".")[2]
     staged = "stager" in metafunc.fixturenames and module in _STAGED_MODULES
     forced = os.environ.get("AIRLOCK_STAGER")
     names = [forced] if forced else ["overlay", "copy"]
     wanted = os.environ.get("AIRLOCK_RUNTIME")
-    engines = [e for e in ("local", "remote") if os.environ.get("AIRLOCK_ENGINE", e) == e]
     asks = "engine" in inspect.signature(metafunc.function).parameters
-    remote = asks or (module in _ENGINE_MODULES and "runtime" in metafunc.fixturenames)
+    others = []  # the engines besides the first this test runs on
+    if asks or (module in _ENGINE_MODULES and "runtime" in metafunc.fixturenames):
+        others.append("remote")
+    if module in _PODMAN_MODULES and (asks or "runtime" in metafunc.fixturenames):
+        others.append("podman")
+    engines = [e for e in ENGINES if os.environ.get("AIRLOCK_ENGINE", e) == e and (e == "local" or e in others)]
     if "runtime" in metafunc.fixturenames:
         runtimes = [wanted] if wanted else ["runc", "runsc"]
         if staged:
             combos = [(s, rt) for rt in runtimes for s in (names if rt == "runc" else names[:1])]
         else:
             combos = [(None, rt) for rt in runtimes]
-        local = [(s, rt, "local") for s, rt in combos] if "local" in engines else []
-        far = [("overlay" if staged else None, "runc", "remote")] if remote and "remote" in engines else []
-        cases = local + far
-        if not remote:
-            cases = [(s, rt, e) for s, rt, e in cases if e == "local"]
-        ids = ["-".join(x for x in (s, rt, e if e == "remote" else None) if x) for s, rt, e in cases]
+        cases = [(s, rt, "local") for s, rt in combos] if "local" in engines else []
+        # another engine stages with the overlay (a remote one needs its volumes), under runc
+        cases += [("overlay" if staged else None, "runc", e) for e in engines if e != "local"]
+        ids = ["-".join(x for x in (s, rt, e if e != "local" else None) if x) for s, rt, e in cases]
         if staged:
             metafunc.parametrize(("stager", "runtime", "engine"), cases, indirect=True, ids=ids)
         else:
             metafunc.parametrize(("runtime", "engine"), [(rt, e) for _, rt, e in cases], indirect=True, ids=ids)
-    elif staged and asks:  # a remote engine always stages with the overlay (its volumes)
+    elif staged and asks:
         cases = [(s, "local") for s in names if "local" in engines]
-        cases += [("overlay", "remote")] if "remote" in engines else []
+        cases += [("overlay", e) for e in engines if e != "local"]
         metafunc.parametrize(
-            ("stager", "engine"), cases, indirect=True, ids=[f"{s}-{e}" if e == "remote" else s for s, e in cases]
+            ("stager", "engine"), cases, indirect=True, ids=[f"{s}-{e}" if e != "local" else s for s, e in cases]
         )
     elif staged:
         metafunc.parametrize("stager", names, indirect=True)
@@ -142,9 +154,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("engine", engines, indirect=True)
 
 
-@pytest.fixture(scope="session")
-def second_engine() -> Iterator[str]:
-    """The second engine's DOCKER_HOST (tests/engines.py), with the runtime image loaded."""
+def _other_engine(kind: str) -> Iterator[str]:
     import docker
     import engines
 
@@ -152,28 +162,40 @@ def second_engine() -> Iterator[str]:
 
     image = ensure_image(docker.from_env())
     try:
-        yield engines.start([image])
+        yield engines.start([image], kind)
     finally:
-        engines.stop()
+        engines.stop(kind)
+
+
+@pytest.fixture(scope="session")
+def second_engine() -> Iterator[str]:
+    """The second engine's DOCKER_HOST (tests/engines.py), with the runtime image loaded."""
+    yield from _other_engine("remote")
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> Iterator[str]:
+    """Podman's DOCKER_HOST (tests/engines.py), with the runtime image loaded."""
+    yield from _other_engine("podman")
 
 
 @pytest.fixture(autouse=True)
 def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The engine a parametrised test runs on: "local" (the first), or "remote" (the second,
-    which sees none of this machine's paths; DOCKER_HOST points at it for the test, and every
-    airlockd image the first engine has for this runtime is loaded into it)."""
+    """The engine a parametrised test runs on: "local" (the first), "remote" (the second, which
+    sees none of this machine's paths) or "podman"; DOCKER_HOST points at it for the test, and
+    every airlockd image the first engine has for this runtime is loaded into it."""
     name: str = getattr(request, "param", "local")
-    if name == "remote":
+    if name != "local":
         import docker
         import engines
 
         from airlockd.sandbox.image import image_tag
 
-        host = request.getfixturevalue("second_engine")
+        host = request.getfixturevalue("second_engine" if name == "remote" else "podman_engine")
         for img in docker.from_env().images.list(name="airlockd-runtime"):
             for tag in img.tags:
                 if tag.startswith(image_tag()):
-                    engines.load(host, tag)
+                    engines.load(host, tag, name)
         monkeypatch.setenv("DOCKER_HOST", host)
     return name
 

@@ -37,8 +37,9 @@ def run_checks(workspace: Path) -> list[Check]:
         v = client.version()
         info = client.info()
         where = os.environ.get("DOCKER_HOST") or "the local socket"
+        name = "Podman" if enginepaths.kind(client) == enginepaths.PODMAN else "Docker"
         return (
-            f"Docker {v.get('Version')} ({where}), cgroup v{info.get('CgroupVersion', '?')},"
+            f"{name} {v.get('Version')} ({where}), cgroup v{info.get('CgroupVersion', '?')},"
             f" storage {info.get('Driver')}"
         )
 
@@ -217,18 +218,21 @@ def container_runtimes(client: Any, workspace: Path) -> str:
 
     policy = load_policy(workspace).policy
     table = client.info().get("Runtimes") or {}
+    podman = enginepaths.kind(client) == enginepaths.PODMAN
     by_runtime: dict[str, list[str]] = {}
     for name in sorted(policy.agents):
         by_runtime.setdefault(policy.runtime_for(name), []).append(name)
     problems = []
     for runtime, agents in sorted(by_runtime.items()):
         sockets = any(uses_gateway(policy.agent(a)) for a in agents)
-        if why := runtimes.refusal(table, runtime, host_sockets=sockets):
+        if why := runtimes.refusal(table, runtime, host_sockets=sockets, podman=podman):
             problems.append(f"agents {', '.join(agents)} ask for {runtime}, but {why.split('; fix:')[0]}")
     if problems:
         raise RuntimeError("; ".join(problems))
     parts = [f"{rt}: {', '.join(agents)}" for rt, agents in sorted(by_runtime.items())]
     detail = f"engine runtimes {', '.join(sorted(table))}; agents by runtime: {'; '.join(parts) or 'none'}"
+    if podman:
+        return detail + '; runsc (gVisor) is not used on Podman: needed only for runtime = "runsc", on Docker'
     if runtimes.GVISOR not in table:
         return detail + '; runsc (gVisor) not registered: needed only for runtime = "runsc"'
     out = client.containers.run(
@@ -305,6 +309,7 @@ def held_refuses(client: Any, state_root: Path, image: str, *, remote: bool = Fa
                 volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
                 network_mode="none",
                 user=f"{me[0]}:{me[1]}",
+                ulimits=enginepaths.ulimits(client),
                 remove=True,
             ).decode(errors="replace")
         finally:
@@ -346,6 +351,7 @@ def engine_refuses(client: object, state_root: Path, image: str) -> str | None:
                 volumes={volumes.volume_name(run_id): {"bind": "/w", "mode": "rw"}},
                 network_mode="none",
                 user="1000:1000",
+                ulimits=enginepaths.ulimits(client),
                 remove=True,
             )
         finally:

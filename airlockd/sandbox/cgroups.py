@@ -49,7 +49,12 @@ def _relative_paths(pid: int) -> dict[str, str]:
 def locate(container_id: str, pid: int | None = None) -> dict[str, Path]:
     """The container's cgroup directory per controller ("pids", "memory") that exists now; only
     a directory named after the container is taken (a reused pid cannot mislead it)."""
-    guesses = [f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"]
+    guesses = [  # Docker's (cgroupfs, systemd), then Podman's (cgroupfs, systemd)
+        f"docker/{container_id}",
+        f"system.slice/docker-{container_id}.scope",
+        f"libpod_parent/libpod-{container_id}",
+        f"machine.slice/libpod-{container_id}.scope",
+    ]
     found: dict[str, Path] = {}
     rel = _relative_paths(pid) if pid else {}
     for controller in ("pids", "memory"):

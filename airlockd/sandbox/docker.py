@@ -113,7 +113,8 @@ class DockerSandbox:
                 info = self.client.info()
         except EngineError as exc:
             return str(exc)
-        return runtimes.refusal(info.get("Runtimes"), runtime, host_sockets=host_sockets)
+        podman = enginepaths.kind(self.client) == enginepaths.PODMAN
+        return runtimes.refusal(info.get("Runtimes"), runtime, host_sockets=host_sockets, podman=podman)
 
     def run(self, spec: ContainerSpec, on_output: Callable[[bytes], None] | None = None) -> ExitInfo:
         """Create, start and watch the container until it ends; always remove it.
@@ -121,7 +122,7 @@ class DockerSandbox:
         Blocking: call it from a worker thread. `on_output` gets stdout+stderr chunks in order
         (up to the output limit) on the reader thread; it must not block for long.
         """
-        kwargs = create_kwargs(spec)
+        kwargs = create_kwargs(spec, enginepaths.kind(self.client))
         started = time.monotonic()
         container: Container | None = None
         watch: cgroups.CgroupWatch | None = None
@@ -133,7 +134,7 @@ class DockerSandbox:
             with _engine(f"creating the container for run {spec.run_id}"):
                 container = self.client.containers.create(**kwargs)
                 container.reload()
-            effective = _effective(container.attrs)
+            effective = _effective(container.attrs, self.client)
             if (asked := self._asked(spec.run_id)) is not None:
                 return _exit(container, None, False, out, asked, started, effective, timed_out=False)
             reader = self._start_reader(container, out, on_output)
@@ -181,7 +182,7 @@ class DockerSandbox:
             self._remove(run_id, container)
             volumes.remove(self.client, run_id)
             return None
-        effective = _effective(container.attrs)
+        effective = _effective(container.attrs, self.client)
         state = container.attrs.get("State", {})
         ran = _since(state.get("StartedAt", ""))
         if container.status != "running":  # how long it ran, not how long ago it started
@@ -438,15 +439,18 @@ def _host_kernel(container: Container) -> bool:
     return (container.labels or {}).get(RUNTIME_LABEL, "runc") in HOST_KERNEL_RUNTIMES
 
 
-def _effective(attrs: dict[str, Any]) -> dict[str, Any]:
+def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
     """The settings the engine recorded for the container (not what we asked for)."""
     hc = attrs.get("HostConfig", {})
     cfg = attrs.get("Config", {})
+    runtime = hc.get("Runtime") or "runc"
+    if runtime == "oci" and client is not None:  # Podman's Docker API says no more: its own does
+        runtime = enginepaths.podman_runtime(client, attrs.get("Id", ""))
     return {
         "image": cfg.get("Image"),
         "image_id": attrs.get("Image"),
         "user": cfg.get("User"),
-        "runtime": hc.get("Runtime") or "runc",
+        "runtime": runtime,
         "network_mode": hc.get("NetworkMode"),
         "read_only_root": hc.get("ReadonlyRootfs"),
         "cap_drop": hc.get("CapDrop"),

@@ -24,7 +24,7 @@ from typing import Any
 from docker.types import LogConfig, Mount, Ulimit
 
 from airlockd.errors import UsageError
-from airlockd.sandbox import seccomp, volumes
+from airlockd.sandbox import enginepaths, seccomp, volumes
 from airlockd.sandbox.base import HOST_KERNEL_RUNTIMES, STDIN_PATH, WORKSPACE_PATH, ContainerSpec
 
 RUN_LABEL = "airlockd.run"
@@ -50,9 +50,10 @@ def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
     return min(256 + 48 * pids, max(1024, pid_max // 4))
 
 
-def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
-    """The arguments of `containers.create` for `spec`: every security flag and limit, derived
-    from the spec alone (no engine, no client). Raises UsageError for a spec the sandbox refuses
+def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict[str, Any]:
+    """The arguments of `containers.create` for `spec` on an engine of kind `engine`
+    (`enginepaths.kind`): every security flag and limit, derived from the spec alone (no client).
+    Raises UsageError for a spec the sandbox refuses
     (a network other than "none", an empty command, relative or missing paths)."""
     if spec.network != "none":
         raise UsageError(
@@ -82,6 +83,8 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     host_kernel = spec.runtime in HOST_KERNEL_RUNTIMES
     if not host_kernel:
         ulimits.append(("nproc", lim.pids, lim.pids))
+    if engine == enginepaths.PODMAN:  # it would raise these past the engine's own hard limits
+        ulimits += [u for u in enginepaths.PODMAN_ULIMITS if u[0] not in {name for name, _, _ in ulimits}]
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": argv,

@@ -45,6 +45,7 @@ from filelock import FileLock
 
 from airlockd.errors import EngineError
 from airlockd.fsutil import atomic_write_bytes
+from airlockd.sandbox import enginepaths
 from airlockd.sandbox.volumes import OWNER_LABEL
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ class EngineMirror:
                     read_only=True,
                     runtime="runc",
                     mem_limit="256m",
+                    ulimits=enginepaths.ulimits(self.client),
                     pids_limit=64,
                     labels=self.labels,
                     volumes={self.name: {"bind": MOUNT, "mode": "rw"}},

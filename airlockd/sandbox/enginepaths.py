@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
-from docker.types import Mount
+from docker.types import Mount, Ulimit
 
 from airlockd.errors import EngineError
 
@@ -30,6 +30,17 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (Unix sockets share a base URL)
 _by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_kinds: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+DOCKER = "docker"
+PODMAN = "podman"
+#: Podman raises every container's nofile and nproc limits to its own defaults (1,048,576 and
+#: 4,194,304) unless told otherwise, and a start fails where the engine's hard limits are lower
+#: ("error setting rlimit type 7"); Docker leaves its own. On Podman these are set instead: as
+#: many open files as a developer's shell usually has, and a per-user process count (RLIMIT_NPROC
+#: counts the agent's uid across the engine's host) far above any run's pids cap, which is the
+#: process bound that matters (docs/engines.md, Podman).
+PODMAN_ULIMITS = (("nofile", 4096, 4096), ("nproc", 4096, 4096))
 
 
 def connect(timeout: int = 60) -> Any:
@@ -42,6 +53,41 @@ def connect(timeout: int = 60) -> Any:
 
 #: the engine's socket on this machine (no DOCKER_HOST): taken as local without a probe
 LOCAL_SOCKETS = frozenset({"", "unix:///var/run/docker.sock", "unix:///run/docker.sock"})
+
+
+def kind(client: Any) -> str:
+    """`PODMAN` for an engine that says it is Podman (its Docker API's version names a "Podman
+    Engine" component), else `DOCKER`; asked once per client."""
+    with _lock:
+        if client in _kinds:
+            return _kinds[client]
+    try:
+        parts = client.version().get("Components") or []
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"the engine did not answer: {exc}", hint="check the engine (airlockd doctor)") from None
+    found = PODMAN if any("podman" in str(c.get("Name", "")).lower() for c in parts) else DOCKER
+    with _lock:
+        _kinds[client] = found
+    return found
+
+
+def ulimits(client: Any) -> list[Ulimit]:
+    """The limits every container on `client`'s engine must be given (none on Docker)."""
+    if kind(client) != PODMAN:
+        return []
+    return [Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in PODMAN_ULIMITS]
+
+
+def podman_runtime(client: Any, container: str) -> str:
+    """The OCI runtime Podman runs `container` under, from its own API (its Docker API says
+    "oci" for all); "oci" when it does not say."""
+    try:
+        url = f"{client.api.base_url}/v4.0.0/libpod/containers/{container}/json"
+        found = client.api._result(client.api._get(url), json=True)
+    except docker.errors.DockerException as exc:
+        log.warning("Podman did not say the runtime of container %s: %s", container[:12], exc)
+        return "oci"
+    return str(found.get("OCIRuntime") or "oci")
 
 
 def sees_local_paths(client: Any, image: str) -> bool:

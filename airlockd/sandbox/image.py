@@ -62,7 +62,7 @@ class UserEntry(_Def):
 
 class ImageConfig(_Def):
     user: str
-    workdir: str = Field(pattern=r"^/")
+    workdir: str | None = Field(default=None, pattern=r"^/")  # made in the image when set
     entrypoint: list[str] = Field(default_factory=list)
     cmd: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -395,7 +395,8 @@ def _dockerfile(defn: ImageDefinition, base: str, digest: str, has_rootfs: bool)
     if c.env:
         lines.append("ENV " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(c.env.items())))
     lines.append(f"LABEL airlockd.runtime={json.dumps(digest)}")
-    lines.append(f"WORKDIR {c.workdir}")
+    if c.workdir:
+        lines.append(f"WORKDIR {c.workdir}")
     lines.append(f"USER {c.user}")
     if c.entrypoint:
         lines.append(f"ENTRYPOINT {json.dumps(c.entrypoint)}")

@@ -42,7 +42,7 @@ from typing import Any
 import docker.errors
 
 from airlockd.errors import EngineError
-from airlockd.sandbox import relay
+from airlockd.sandbox import enginepaths, relay
 from airlockd.sandbox.enginemirror import EngineMirror
 from airlockd.sandbox.volumes import OWNER_LABEL
 from airlockd.staging import upperdump
@@ -110,7 +110,7 @@ def hold(
     labels = {**(labels or {}), OWNER_LABEL: "1", HELD_LABEL: run_id, ROLE_LABEL: ROLE}
     _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
     release(client, run_id)
-    opts = f"size={max(size_bytes, 1 << 20)},nr_inodes={max(inodes, 64)},mode=0755"
+    opts = f"{size_option(client, max(size_bytes, 1 << 20))},nr_inodes={max(inodes, 64)},mode=0755"
     try:
         client.volumes.create(
             name=volume_name(run_id),
@@ -131,6 +131,7 @@ def hold(
             read_only=True,
             runtime="runc",
             mem_limit="64m",
+            ulimits=enginepaths.ulimits(client),
             pids_limit=64,  # the dump, statvfs, and the gateway's relay (a thread a connection)
             labels=labels,
             volumes={volume_name(run_id): {"bind": MOUNT, "mode": "rw"}},
@@ -142,6 +143,20 @@ def hold(
     held = HeldLayers(run_id, mountpoint)
     _put(client, held, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
     return held
+
+
+#: tmpfs counts `nr_blocks` in pages; those of the engine's host are taken to be 4 KiB (x86-64,
+#: and arm64 as Debian and most distributions build it)
+PAGE = 4096
+
+
+def size_option(client: Any, size_bytes: int) -> str:
+    """The tmpfs option that caps a volume at `size_bytes`. Podman reads `size=` on a volume as a
+    project quota and refuses it on tmpfs ("Filesystem does not support Project Quota"); tmpfs
+    takes the same cap as a count of pages, which Podman passes through."""
+    if enginepaths.kind(client) == enginepaths.PODMAN:
+        return f"nr_blocks={-(-size_bytes // PAGE)}"
+    return f"size={size_bytes}"
 
 
 def _refuse_foreign(client: Any, run_id: str, workspace: str | None) -> None:

@@ -69,12 +69,26 @@ def seccomp_inside(args: list[str]) -> bool:
 
 
 def refusal(
-    runtimes: Mapping[str, Any] | None, runtime: str, *, host_sockets: bool, engine: str = "the engine"
+    runtimes: Mapping[str, Any] | None,
+    runtime: str,
+    *,
+    host_sockets: bool,
+    engine: str = "the engine",
+    podman: bool = False,
 ) -> str | None:
     """Why a container cannot run under `runtime` on an engine with these `runtimes`, or None.
-    `host_sockets`: the run mounts the model gateway's socket and must be able to connect to it."""
+    `host_sockets`: the run mounts the model gateway's socket and must be able to connect to it.
+    `podman`: the engine is Podman, whose list names every runtime it knows of, installed or not."""
     if runtime == "runc":
         return None  # every Docker engine has it (and uses it for images and builds)
+    if podman and runtime == GVISOR:
+        return (
+            f'{engine} is Podman, and airlockd runs "{runtime}" (gVisor) through Docker only: Podman\'s'
+            " Docker API does not say how it starts runsc (airlockd must know that --oci-seccomp and"
+            " --host-uds=open are set), and it takes a seccomp profile only as a file on its own host;"
+            ' fix: use runtime = "runc" on Podman, or run this agent on a Docker engine with gVisor'
+            " registered (docs/engines.md, Podman)"
+        )
     known = dict(runtimes or {})
     if runtime not in known:
         names = ", ".join(sorted(known)) or "none listed"

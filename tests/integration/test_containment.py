@@ -99,7 +99,7 @@ def test_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: 
     assert containers_of(run["id"]) == []
 
 
-def test_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str) -> None:
+def test_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str, engine: str) -> None:
     ws = make_ws(tmp_path, "memory_mb = 64\nwall_time_s = 60", runtime=runtime)
     code, run = run_wait(ws, 'python3 -c "b=bytearray(1<<30)"', capsys)
     assert code == 4, run
@@ -108,8 +108,9 @@ def test_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str
     lim = run["limit"]
     assert lim["limit"] == "memory" and lim["allowed"] == 64 * 2**20
     assert lim["measured"] >= lim["allowed"], lim
-    assert "OOMKilled" in lim["source"]
-    assert run["container"]["oom_killed"] is True
+    # Podman's Docker API never says OOMKilled: the kernel's own count says it
+    assert ("oom_kill 1" if engine == "podman" else "OOMKilled") in lim["source"], lim
+    assert run["container"]["oom_killed"] is (engine != "podman")  # what the engine said
     assert run["container"]["effective"]["memory_bytes"] == 64 * 2**20
     assert run["container"]["effective"]["memory_swap_bytes"] == 64 * 2**20  # no swap
     ran_under(run, runtime)

@@ -86,7 +86,7 @@ def test_definition_is_lean_and_matches_the_registry_dockerfile() -> None:
     for pkg in defn.packages:
         assert pkg in dockerfile, f"runtime/Dockerfile does not install {pkg}"
     assert f"USER {defn.config.user}" in dockerfile
-    assert f"WORKDIR {defn.config.workdir}" in dockerfile
+    assert defn.config.workdir is None and "WORKDIR" not in dockerfile.replace("no WORKDIR", "")
 
 
 def test_bad_definition_names_the_key(runtime_copy: Path) -> None:
@@ -169,14 +169,19 @@ def test_image_configuration(client: Any, built: str) -> None:
     img = client.images.get(built)
     cfg = img.attrs["Config"]
     assert cfg["User"] == "1000:1000"
-    assert cfg["WorkingDir"] == "/workspace"
+    assert not cfg["WorkingDir"]  # no /workspace in the image: Podman would give its owner to a run's volume
     assert "HOME=/tmp/home" in cfg["Env"]
     assert cfg["Entrypoint"] == ["/usr/local/bin/airlock-shim"]
     assert cfg["Labels"]["airlockd.runtime"] == definition_digest()
     assert img.attrs["Size"] < 200 * 1024 * 1024
     out = client.containers.run(
         built,
-        ["sh", "-c", "getent passwd agent; stat -c '%U %a' /usr/local/bin/airlock-shim; python3 -V"],
+        [
+            "sh",
+            "-c",
+            "getent passwd agent; stat -c '%U %a' /usr/local/bin/airlock-shim; python3 -V;"
+            " test -e /workspace || echo no-workspace",
+        ],
         remove=True,
         network_mode="none",
     )
@@ -188,6 +193,7 @@ def test_image_configuration(client: Any, built: str) -> None:
         ][:2]
     )
     assert out.decode().splitlines()[2].startswith("Python 3.11")
+    assert out.decode().splitlines()[3] == "no-workspace"
 
 
 @pytest.mark.docker

@@ -1,0 +1,102 @@
+"""What differs on Podman's Docker API, decided without an engine: which engine it is, the limits
+every container gets there, the tmpfs cap in pages, the runtime it ran under, gVisor refused,
+and its cgroup paths (docs/engines.md, Podman)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from airlockd.policy import Limits
+from airlockd.sandbox import cgroups, enginepaths, layers, runtimes
+from airlockd.sandbox.base import ContainerSpec
+from airlockd.sandbox.dockerargs import create_kwargs
+
+LIMITS = Limits.model_validate({"pids": 48})
+
+
+class FakeClient:
+    """Answers `version()` (and Podman's own container inspect) as each engine does."""
+
+    def __init__(self, component: str, oci_runtime: str | None = "runc") -> None:
+        self.component, self.asked = component, 0
+        self.api = self
+        self.base_url = "http+docker://localhost"
+        self.oci_runtime = oci_runtime
+
+    def version(self) -> dict[str, Any]:
+        self.asked += 1
+        return {"Components": [{"Name": self.component, "Version": "4.3.1"}], "Version": "4.3.1"}
+
+    def _get(self, url: str) -> str:
+        if self.oci_runtime is None:
+            raise docker.errors.APIError("404 Not Found")
+        assert url == f"{self.base_url}/v4.0.0/libpod/containers/c1/json"
+        return json.dumps({"OCIRuntime": self.oci_runtime})
+
+    def _result(self, response: str, json: bool = False) -> Any:
+        import json as js
+
+        return js.loads(response)
+
+
+def test_the_engine_says_whether_it_is_podman_and_is_asked_once() -> None:
+    podman, dockerd = FakeClient("Podman Engine"), FakeClient("Engine")
+    assert enginepaths.kind(podman) == enginepaths.kind(podman) == enginepaths.PODMAN
+    assert podman.asked == 1
+    assert enginepaths.kind(dockerd) == enginepaths.DOCKER
+
+
+def test_every_container_on_podman_gets_limits_it_would_otherwise_raise_past_the_engines() -> None:
+    assert enginepaths.ulimits(FakeClient("Engine")) == []
+    got = {u["Name"]: (u["Soft"], u["Hard"]) for u in enginepaths.ulimits(FakeClient("Podman Engine"))}
+    assert got == {"nofile": (4096, 4096), "nproc": (4096, 4096)}
+
+
+def test_a_run_on_podman_keeps_its_own_caps_and_gets_the_engines_limits_besides(tmp_path: Path) -> None:
+    spec = ContainerSpec(run_id="r1", image="img:1", argv=["a"], workspace=tmp_path, limits=LIMITS)
+    on_docker = {u["Name"]: (u["Soft"], u["Hard"]) for u in create_kwargs(spec)["ulimits"]}
+    assert on_docker == {"core": (0, 0)}
+    on_podman = {u["Name"]: (u["Soft"], u["Hard"]) for u in create_kwargs(spec, enginepaths.PODMAN)["ulimits"]}
+    assert on_podman == {"core": (0, 0), "nofile": (4096, 4096), "nproc": (4096, 4096)}
+    assert create_kwargs(spec, enginepaths.PODMAN)["pids_limit"] == 48  # the cap that matters stays
+    gvisor = ContainerSpec(run_id="r1", image="img:1", argv=["a"], workspace=tmp_path, limits=LIMITS, runtime="runsc")
+    nproc = {u["Name"]: u["Soft"] for u in create_kwargs(gvisor, enginepaths.PODMAN)["ulimits"]}["nproc"]
+    assert nproc == 48  # a run's own nproc cap is never replaced
+
+
+def test_the_growth_cap_is_said_in_pages_on_podman_which_refuses_size_on_tmpfs() -> None:
+    assert layers.size_option(FakeClient("Engine"), 10 << 20) == f"size={10 << 20}"
+    assert layers.size_option(FakeClient("Podman Engine"), 10 << 20) == "nr_blocks=2560"
+    assert layers.size_option(FakeClient("Podman Engine"), 4097) == "nr_blocks=2"  # never below the cap
+
+
+def test_the_runtime_a_container_ran_under_is_asked_of_podmans_own_api() -> None:
+    assert enginepaths.podman_runtime(FakeClient("Podman Engine"), "c1") == "runc"
+    assert enginepaths.podman_runtime(FakeClient("Podman Engine", oci_runtime=None), "c1") == "oci"
+
+
+def test_gvisor_on_podman_is_refused_naming_the_engine_and_the_fix() -> None:
+    table = {"runc": {"path": "/usr/bin/runc"}, "runsc": {"path": "/usr/bin/runsc"}}  # Podman lists what it knows
+    why = runtimes.refusal(table, "runsc", host_sockets=True, podman=True)
+    assert why and "Podman" in why and 'runtime = "runc"' in why and "docs/engines.md" in why
+    assert runtimes.refusal(table, "runc", host_sockets=True, podman=True) is None
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["libpod_parent/libpod-{id}", "machine.slice/libpod-{id}.scope", "docker/{id}"],
+)
+def test_podmans_cgroups_are_found_where_it_puts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rel: str
+) -> None:
+    cid = "ab" * 32
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    for controller in ("pids", "memory"):
+        (tmp_path / controller / rel.format(id=cid)).mkdir(parents=True)
+    found = cgroups.locate(cid)
+    assert found == {c: tmp_path / c / rel.format(id=cid) for c in ("pids", "memory")}

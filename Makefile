@@ -48,8 +48,14 @@ lint: setup
 	$(PY) -m airlockd.schema --check $(SCHEMA)
 	$(VENV)/bin/mypy tests/unit/fakesandbox.py tests/contract/test_sandbox_contract.py
 
+# Then the integration suite once more as a user who is not root, in group docker, on the first
+# engine (tests/as_user.py; as such a user `make test` runs everything once, as that user). Not
+# there: building the runtime image (debootstrap: setup, root's), the engines only root starts, and
+# test_daemon_nonroot.py (the first pass runs it as that user already).
 test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q
+	$(PY) tests/as_user.py tests/integration -q --ignore=tests/integration/test_image.py \
+		--ignore=tests/integration/test_remote_engine.py --ignore=tests/integration/test_daemon_nonroot.py
 
 # The VS Code extension (editors/vscode): npm ci from the committed lock file (which records no
 # download address: editors/vscode/.npmrc sets omit-lockfile-registry-resolved), tsc --strict,

@@ -36,6 +36,8 @@ def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
         return None
     root = _state_root(args)
     daemon = client.Daemon.connect(root)
+    if daemon is not None and start:
+        daemon = _on_this_engine(daemon, root)
     if daemon is None and start:
         try:
             daemon = client.start_background(Path(args.workspace).resolve(), root)
@@ -44,6 +46,33 @@ def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
         except client.RemoteError as exc:  # it could not start: say why, as it said it
             raise from_json(exc.message, exc.data) from None
     return daemon
+
+
+def _on_this_engine(daemon: Daemon, root: Path) -> Daemon | None:
+    """`daemon`, when its agents run on the engine this command's DOCKER_HOST names. A background
+    daemon on another engine is asked to leave (None: start one here); an editor's is an error."""
+    from airlockd.enginehost import describe, engine_host
+    from airlockd.lsp import client
+
+    doc = client.info(root) or {}
+    theirs, ours = doc.get("engine"), engine_host()
+    if theirs is None or theirs == ours:  # (a daemon older than this field: as before)
+        return daemon
+    if doc.get("mode") != "background":
+        daemon.close()
+        raise UsageError(
+            f"the editor's daemon serving this workspace (pid {doc.get('pid')}) runs agents on {describe(theirs)},"
+            f" but this command's DOCKER_HOST names {describe(ours)}",
+            hint="run it with the editor's DOCKER_HOST, or with --no-daemon to run it here on yours",
+        )
+    try:
+        daemon.request("airlock/handover")  # its runs go on in their own processes
+    except (client.DaemonGone, client.RemoteError, OSError):
+        pass
+    finally:
+        daemon.close()
+    client.wait_gone(root)
+    return None
 
 
 def _ask(daemon: Daemon, command: str, arguments: dict[str, Any]) -> Any:

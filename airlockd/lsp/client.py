@@ -167,6 +167,17 @@ def info(state_root: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def wait_gone(state_root: Path, timeout: float = 30.0) -> None:
+    """Return once no daemon holds the workspace's serve lock (one asked to leave has left), or
+    after `timeout` (the next daemon then says who still holds it)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(state_root / "serve.lock"))
+    with contextlib.suppress(Timeout):
+        lock.acquire(timeout=timeout)
+        lock.release()
+
+
 def start_background(workspace: Path, state_root: Path) -> Daemon:
     """Start `airlockd serve --background` for the workspace (it leaves when idle) and connect.
     It says on a pipe whether it serves or why it cannot (RemoteError with the error's data). When

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
+from airlockd.enginehost import engine_host
 from airlockd.errors import AirlockError, UsageError
 from airlockd.state import StateDir
 
@@ -115,7 +116,14 @@ def _hand_over(state: StateDir) -> bool:
 def write_info(state: StateDir, host: str | None, port: int | None, mode: DaemonMode = "stdio") -> None:
     path = state.root / "serve.json"
     tmp = path.with_suffix(".tmp")
-    doc = {"pid": os.getpid(), "mode": mode, "host": host, "port": port, "workspace": str(state.workspace)}
+    doc = {
+        "pid": os.getpid(),
+        "mode": mode,
+        "host": host,
+        "port": port,
+        "workspace": str(state.workspace),
+        "engine": engine_host(),  # where its agents run: a command naming another is not served here
+    }
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
 

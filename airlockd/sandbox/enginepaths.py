@@ -23,6 +23,7 @@ from typing import Any
 import docker.errors
 from docker.types import Mount, Ulimit
 
+from airlockd.enginehost import engine_host
 from airlockd.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ def connect(timeout: int = 60) -> Any:
     docker CLI does), not a Python SSH library."""
     ssh = os.environ.get("DOCKER_HOST", "").startswith("ssh://")
     return docker.from_env(timeout=timeout, use_ssh_client=ssh)
-
-
-#: the engine's socket on this machine (no DOCKER_HOST): taken as local without a probe
-LOCAL_SOCKETS = frozenset({"", "unix:///var/run/docker.sock", "unix:///run/docker.sock"})
 
 
 def kind(client: Any) -> str:
@@ -93,7 +90,7 @@ def podman_runtime(client: Any, container: str) -> str:
 def sees_local_paths(client: Any, image: str) -> bool:
     """True when a bind mount of a path here shows that path's content in the engine's containers.
     The engine of this machine's own socket is asked nothing (a probe costs a container create)."""
-    if os.environ.get("DOCKER_HOST", "") in LOCAL_SOCKETS:
+    if not engine_host():  # this machine's own socket: taken as local without a probe
         return True
     with _lock:
         if client in _by_client:

@@ -146,6 +146,54 @@ def test_an_editors_daemon_takes_over_and_the_run_in_flight_goes_on(ws: Path) ->
         editor.stderr.close()  # type: ignore[union-attr]
 
 
+def _output(ws: Path, run_id: str) -> str:
+    return (StateDir.for_workspace(ws).root / "runs" / run_id / "output.log").read_text()
+
+
+def test_a_run_for_another_engine_is_never_served_by_a_daemon_on_this_one(ws: Path, podman_engine: str) -> None:
+    """A daemon runs agents on the engine of its own DOCKER_HOST. A run whose DOCKER_HOST names
+    another engine is not handed to it: a background daemon leaves and one for that engine serves;
+    an editor's daemon is an error that says so, and nothing runs."""
+    code, run, err = cli(ws, "run", "--agent", "bot", "--wait", "cat /proc/self/cgroup")
+    assert code == 0 and run["state"] == "proposed", err
+    first = info(ws)
+    assert first is not None and first["engine"] == ""  # this machine's engine
+    assert "libpod" not in _output(ws, run["id"])
+    code, run2, err = cli(
+        ws, "run", "--agent", "bot", "--wait", "cat /proc/self/cgroup", env={"DOCKER_HOST": podman_engine}
+    )
+    assert code == 0 and run2["state"] == "proposed", err
+    assert "libpod" in _output(ws, run2["id"])  # it ran on Podman
+    second = info(ws)
+    assert second is not None and second["engine"] == podman_engine and second["pid"] != first["pid"]
+    assert gone(first["pid"])
+    editor = subprocess.Popen(
+        [sys.executable, "-m", "airlockd", "--workspace", str(ws), "serve", "--stdio"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (info(ws) or {}).get("mode") != "stdio":
+            time.sleep(0.05)
+        assert (info(ws) or {}).get("pid") == editor.pid
+        code, out, err = cli(
+            ws, "run", "--agent", "bot", "--wait", "echo no > no.txt", env={"DOCKER_HOST": podman_engine}
+        )
+        assert code == 1 and out["error"] == "usage", (code, out, err)
+        assert podman_engine in out["message"] and "this machine's engine" in out["message"], out
+        assert "--no-daemon" in out["hint"]
+        code, runs, err = cli(ws, "runs")
+        assert code == 0 and len(runs) == 2, runs  # nothing more was admitted
+    finally:
+        editor.stdin.close()  # type: ignore[union-attr]
+        editor.wait(30)
+        editor.stdout.close()  # type: ignore[union-attr]
+        editor.stderr.close()  # type: ignore[union-attr]
+
+
 def _raw(path: Path, payload: bytes) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(20)

@@ -12,12 +12,18 @@ set -euo pipefail
 cmd=${1:?usage: second-engine.sh start|stop NAME [IMAGE...]}
 name=${2:?usage: second-engine.sh start|stop NAME [IMAGE...]}
 shift 2
+[[ $name =~ ^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$ && $name != podman ]] || { echo "second-engine: bad NAME $name" >&2; exit 2; }
 base=/var/lib/airlockd-engines/$name
 sock=/var/run/airlockd-$name.sock
 pidfile=$base/dockerd.pid
 log=$base/dockerd.log
 
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+# the pid file's process, if it is still this engine's dockerd (a pid is reused)
+running() {
+  local pid
+  pid=$(cat "$pidfile" 2>/dev/null) || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--data-root $base/data "
+}
 
 case $cmd in
 start)
@@ -61,7 +67,7 @@ stop)
   fi
   rm -f "$sock"
   # the engine's mounts lived in its own namespace: nothing of it is mounted here
-  rm -rf "$base"
+  rm -rf --one-file-system "$base"
   ;;
 *)
   echo "second-engine: unknown command $cmd (start or stop)" >&2

@@ -16,7 +16,7 @@ import docker
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 NAME = os.environ.get("AIRLOCK_SECOND_ENGINE", "tests")  # another name: a second test session beside one
 #: engine kind -> (its script, its name)
-KINDS = {"remote": ("second-engine.sh", NAME), "podman": ("podman-engine.sh", f"{NAME}-podman")}
+KINDS = {"remote": ("second-engine.sh", NAME), "podman": ("podman-engine.sh", NAME)}
 
 
 def start(images: list[str], kind: str = "remote") -> str:
@@ -52,5 +52,5 @@ def codex_image() -> str:
     image = ensure_codex_image(first_engine())
     host = os.environ.get("DOCKER_HOST", "")
     if host and host != "unix:///var/run/docker.sock":
-        load(host, image, "podman" if host.endswith(f"-{KINDS['podman'][1]}.sock") else "remote")
+        load(host, image, "podman" if "/airlockd-podman-" in host else "remote")
     return image

@@ -122,7 +122,13 @@ class DockerSandbox:
         Blocking: call it from a worker thread. `on_output` gets stdout+stderr chunks in order
         (up to the output limit) on the reader thread; it must not block for long.
         """
-        kwargs = create_kwargs(spec, enginepaths.kind(self.client))
+        with _engine(f"asking the engine what it is, for run {spec.run_id}"):
+            engine = enginepaths.kind(self.client)
+            profile = None
+            if engine == enginepaths.PODMAN:
+                enginepaths.refuse_image_workspace(self.client, spec.image)
+                profile = enginepaths.host_profile_path(self.client, spec.image)
+        kwargs = create_kwargs(spec, engine, profile, enginepaths.engine_limits())
         started = time.monotonic()
         container: Container | None = None
         watch: cgroups.CgroupWatch | None = None
@@ -439,6 +445,16 @@ def _host_kernel(container: Container) -> bool:
     return (container.labels or {}).get(RUNTIME_LABEL, "runc") in HOST_KERNEL_RUNTIMES
 
 
+def _mounts(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The container's mounts as the engine made them (Podman leaves HostConfig.Mounts empty and
+    says them in the top-level Mounts, with RW rather than ReadOnly)."""
+    asked = (attrs.get("HostConfig") or {}).get("Mounts") or []
+    if asked:
+        return [{"target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))} for m in asked]
+    made = attrs.get("Mounts") or []
+    return [{"target": m.get("Destination"), "read_only": not m.get("RW", True)} for m in made]
+
+
 def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
     """The settings the engine recorded for the container (not what we asked for)."""
     hc = attrs.get("HostConfig", {})
@@ -463,8 +479,12 @@ def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
         "pids_limit": hc.get("PidsLimit"),
         "cpus": (hc.get("NanoCpus") or 0) / 1e9,
         "tmpfs": hc.get("Tmpfs"),
-        "mounts": [{"target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))} for m in hc.get("Mounts") or []],
-        "ulimits": {u.get("Name"): [u.get("Soft"), u.get("Hard")] for u in hc.get("Ulimits") or []},
+        "mounts": _mounts(attrs),
+        # Podman names them RLIMIT_NOFILE, ...
+        "ulimits": {
+            str(u.get("Name", "")).lower().removeprefix("rlimit_"): [u.get("Soft"), u.get("Hard")]
+            for u in hc.get("Ulimits") or []
+        },
     }
 
 

@@ -34,6 +34,22 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 #: No core dumps: they would land in the staged workspace as the agent's "changes". (Only limits
 #: that lower the engine's own are set: raising one, e.g. nofile, fails on engines started lower.)
 ULIMITS = (("core", 0, 0),)
+#: Podman mounts a writable tmpfs of no size at /var/tmp of a read-only root (Docker leaves it
+#: read-only): there it is read-only, so /tmp stays the one bounded place to write besides /workspace
+PODMAN_TMPFS = {"/var/tmp": "ro,size=64k,mode=755"}
+
+
+def _profile(spec: ContainerSpec, engine: str, host_profile: str | None) -> list[str]:
+    """Under runsc a profile of our own, applied inside gVisor's kernel (sandbox/seccomp.py); under
+    runc the engine's default on Docker, and ours on Podman, whose default lets an agent make a user
+    namespace and use the keyrings."""
+    if spec.runtime not in HOST_KERNEL_RUNTIMES:
+        return [f"seccomp={seccomp.gvisor_profile()}"]
+    if engine != enginepaths.PODMAN:
+        return []
+    if not host_profile:
+        raise UsageError(f"run {spec.run_id}: on Podman a container needs airlockd's seccomp profile")
+    return [f"seccomp={host_profile}"]
 
 
 def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
@@ -50,11 +66,19 @@ def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
     return min(256 + 48 * pids, max(1024, pid_max // 4))
 
 
-def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict[str, Any]:
+def create_kwargs(
+    spec: ContainerSpec,
+    engine: str = enginepaths.DOCKER,
+    host_profile: str | None = None,
+    engine_limits: tuple[tuple[str, int, int], ...] = enginepaths.PODMAN_ULIMITS,
+) -> dict[str, Any]:
     """The arguments of `containers.create` for `spec` on an engine of kind `engine`
     (`enginepaths.kind`): every security flag and limit, derived from the spec alone (no client).
-    Raises UsageError for a spec the sandbox refuses
-    (a network other than "none", an empty command, relative or missing paths)."""
+    On Podman a container on the host's kernel gets airlockd's seccomp profile, `host_profile`
+    (its file on the engine's host: `enginepaths.host_profile_path`), and `engine_limits` (the
+    engine's own: `enginepaths.engine_limits`) where the run sets none of its own. Raises
+    UsageError for a spec the sandbox refuses (a network other than "none", an empty command,
+    relative or missing paths)."""
     if spec.network != "none":
         raise UsageError(
             f"network {spec.network!r} is not supported by the Docker sandbox yet",
@@ -63,7 +87,8 @@ def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict
     if not spec.argv:
         raise UsageError(f"run {spec.run_id}: empty command", hint="give the agent a command")
     if spec.workspace_overlay is not None:  # the engine mounts it: no path here to check
-        mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False)]
+        # no_copy: an empty staged workspace must not take the owner of a directory the engine made
+        mounts = [Mount(WORKSPACE_PATH, volumes.volume_name(spec.run_id), type="volume", read_only=False, no_copy=True)]
     elif not spec.workspace.is_absolute() or not spec.workspace.is_dir():
         raise UsageError(f"run {spec.run_id}: workspace {spec.workspace} is not a directory")
     else:
@@ -84,7 +109,7 @@ def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict
     if not host_kernel:
         ulimits.append(("nproc", lim.pids, lim.pids))
     if engine == enginepaths.PODMAN:  # it would raise these past the engine's own hard limits
-        ulimits += [u for u in enginepaths.PODMAN_ULIMITS if u[0] not in {name for name, _, _ in ulimits}]
+        ulimits += [u for u in engine_limits if u[0] not in {name for name, _, _ in ulimits}]
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": argv,
@@ -94,11 +119,9 @@ def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict
         "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id, RUNTIME_LABEL: spec.runtime},
         "network_mode": "none",
         "read_only": True,
-        "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777"},
+        "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777", **(PODMAN_TMPFS if engine == enginepaths.PODMAN else {})},
         "cap_drop": ["ALL"],
-        # under runsc a profile of our own, applied inside gVisor's kernel (sandbox/seccomp.py);
-        # under runc the engine's default profile
-        "security_opt": ["no-new-privileges"] + ([] if host_kernel else [f"seccomp={seccomp.gvisor_profile()}"]),
+        "security_opt": ["no-new-privileges", *_profile(spec, engine, host_profile)],
         "mounts": mounts,
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",  # equal to the memory limit: no swap
@@ -112,7 +135,7 @@ def create_kwargs(spec: ContainerSpec, engine: str = enginepaths.DOCKER) -> dict
         "log_config": LogConfig(type="none"),
         "detach": True,
     }
-    if spec.runtime != "runc":
+    if spec.runtime != "runc" or engine == enginepaths.PODMAN:  # Podman's default may be another (crun)
         kwargs["runtime"] = spec.runtime
     name = f"airlockd-{spec.run_id}"
     if _NAME_OK.match(name):

@@ -10,10 +10,15 @@ to an engine in other mount namespaces, and a TCP address to this very machine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import logging
 import os
 import secrets
 import shutil
+import socket
+import struct
+import tarfile
 import tempfile
 import threading
 import weakref
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
+import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from airlockd.enginehost import engine_host
@@ -32,16 +38,45 @@ _lock = threading.Lock()
 _seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (Unix sockets share a base URL)
 _by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _kinds: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_profiles: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_clean_images: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()  # no /workspace
 
 DOCKER = "docker"
 PODMAN = "podman"
 #: Podman raises every container's nofile and nproc limits to its own defaults (1,048,576 and
 #: 4,194,304) unless told otherwise, and a start fails where the engine's hard limits are lower
-#: ("error setting rlimit type 7"); Docker leaves its own. On Podman these are set instead: as
-#: many open files as a developer's shell usually has, and a per-user process count (RLIMIT_NPROC
-#: counts the agent's uid across the engine's host) far above any run's pids cap, which is the
-#: process bound that matters (docs/engines.md, Podman).
+#: ("error setting rlimit type 7"); Docker leaves its own. On Podman each container is given the
+#: engine's own hard limits instead, as Docker's containers have them: read from the process behind
+#: a local socket (`engine_limits`), else these. RLIMIT_NPROC counts the agent's uid across the
+#: engine's host, so it is never the process bound of a run: its `pids` cap is (docs/engines.md).
 PODMAN_ULIMITS = (("nofile", 4096, 4096), ("nproc", 4096, 4096))
+_LIMIT_ROWS = {"Max open files": "nofile", "Max processes": "nproc"}
+
+
+def engine_limits(host: str | None = None) -> tuple[tuple[str, int, int], ...]:
+    """(name, soft, hard) for nofile and nproc: the hard limits of the engine's own process when
+    `host` (default: DOCKER_HOST) is a Unix socket here (its peer's `/proc/PID/limits`), else
+    `PODMAN_ULIMITS`."""
+    host = os.environ.get("DOCKER_HOST", "") if host is None else host
+    if not host.startswith("unix://"):
+        return PODMAN_ULIMITS
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(host[len("unix://") :])
+            pid, _, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        rows = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    except OSError:
+        return PODMAN_ULIMITS
+    found: dict[str, int] = {}
+    for row in rows:
+        for label, name in _LIMIT_ROWS.items():
+            if row.startswith(label):
+                hard = row[len(label) :].split()[1]
+                found[name] = (1 << 20) if hard == "unlimited" else int(hard)
+    if set(found) != set(_LIMIT_ROWS.values()):
+        return PODMAN_ULIMITS
+    return tuple((name, min(found[name], 1 << 20), min(found[name], 1 << 20)) for name in ("nofile", "nproc"))
 
 
 def connect(timeout: int = 60) -> Any:
@@ -60,7 +95,7 @@ def kind(client: Any) -> str:
             return _kinds[client]
     try:
         parts = client.version().get("Components") or []
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineError(f"the engine did not answer: {exc}", hint="check the engine (airlockd doctor)") from None
     found = PODMAN if any("podman" in str(c.get("Name", "")).lower() for c in parts) else DOCKER
     with _lock:
@@ -72,7 +107,7 @@ def ulimits(client: Any) -> list[Ulimit]:
     """The limits every container on `client`'s engine must be given (none on Docker)."""
     if kind(client) != PODMAN:
         return []
-    return [Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in PODMAN_ULIMITS]
+    return [Ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in engine_limits()]
 
 
 def podman_runtime(client: Any, container: str) -> str:
@@ -81,10 +116,88 @@ def podman_runtime(client: Any, container: str) -> str:
     try:
         url = f"{client.api.base_url}/v4.0.0/libpod/containers/{container}/json"
         found = client.api._result(client.api._get(url), json=True)
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException, ValueError) as exc:
         log.warning("Podman did not say the runtime of container %s: %s", container[:12], exc)
         return "oci"
     return str(found.get("OCIRuntime") or "oci")
+
+
+def host_profile_path(client: Any, image: str) -> str:
+    """The path, on the engine's host, of a file holding `seccomp.host_profile()` (Podman takes a
+    profile only as a file there): in a volume of its own, named after the profile's digest,
+    written through a container of `image` that never starts; once per client."""
+    from airlockd.sandbox import seccomp
+
+    with _lock:
+        if client in _profiles:
+            return _profiles[client]
+    text = seccomp.host_profile().encode()
+    name = f"airlockd-seccomp-{hashlib.sha256(text).hexdigest()[:12]}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(f"{seccomp.HOST_NAME}.json")
+        ti.size, ti.mode = len(text), 0o644
+        tf.addfile(ti, io.BytesIO(text))
+    container = None
+    try:
+        try:
+            vol = client.api.inspect_volume(name)
+        except docker.errors.NotFound:
+            client.volumes.create(name=name, driver="local", labels={"airlockd": "1", "airlockd.role": "seccomp"})
+            vol = client.api.inspect_volume(name)
+        container = client.api.create_container(
+            image, ["true"], network_disabled=True,
+            host_config=client.api.create_host_config(
+                mounts=[Mount("/profile", name, type="volume")], network_mode="none"
+            ),
+        )  # fmt: skip
+        if not client.api.put_archive(container["Id"], "/profile", buf.getvalue()):
+            raise docker.errors.APIError(f"the engine refused to write into the volume {name}")
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise EngineError(
+            f"the engine failed to keep airlockd's seccomp profile (a file in its volume {name}): {exc}",
+            hint="check the engine (airlockd doctor)",
+        ) from None
+    finally:
+        if container is not None:
+            with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
+                client.api.remove_container(container["Id"], force=True)
+    path = f"{vol['Mountpoint']}/{seccomp.HOST_NAME}.json"
+    with _lock:
+        _profiles[client] = path
+    return path
+
+
+def refuse_image_workspace(client: Any, image: str) -> None:
+    """On Podman, an EngineError when `image` has a /workspace: Podman would give its owner, mode
+    and files to the run's staged workspace (docs/engines.md, Podman). Asked once per image."""
+    with _lock:
+        if image in _clean_images.get(client, ()):
+            return
+    container = None
+    try:
+        container = client.api.create_container(image, ["true"], network_disabled=True)
+        try:
+            stream, _ = client.api.get_archive(container["Id"], "/workspace")
+            for _chunk in stream:
+                pass
+            found = True
+        except docker.errors.NotFound:
+            found = False
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise EngineError(f"the engine failed to look into the image {image}: {exc}", hint="check the engine") from None
+    finally:
+        if container is not None:
+            with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
+                client.api.remove_container(container["Id"], force=True)
+    if found:
+        raise EngineError(
+            f"the image {image} has a /workspace: on Podman its owner, mode and files would become the"
+            " run's workspace's",
+            hint="build the image without /workspace (no WORKDIR /workspace), or run this agent on Docker",
+        )
+    with _lock:
+        _clean_images.setdefault(client, set()).add(image)
 
 
 def sees_local_paths(client: Any, image: str) -> bool:

@@ -141,6 +141,16 @@ def hold(
         release(client, run_id)
         raise _engine(f"to hold the capped upper layer of run {run_id}", exc) from None
     held = HeldLayers(run_id, mountpoint)
+    if enginepaths.kind(client) == enginepaths.PODMAN:  # the cap was said in pages of an assumed size
+        prog = f"import os; s = os.statvfs({MOUNT!r}); print(s.f_blocks * s.f_frsize)"
+        size = int(b"".join(_exec(client, run_id, ["python3", "-I", "-c", prog])).strip() or 0)
+        if size > max(size_bytes, 1 << 20) + PAGE:
+            release(client, run_id)
+            raise EngineError(
+                f"the engine made run {run_id}'s capped upper layer {size} bytes, not {size_bytes}: its"
+                f" pages are not {PAGE} bytes",
+                hint="run agents on an engine whose host has 4 KiB pages, or on Docker (docs/engines.md, Podman)",
+            )
     _put(client, held, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
     return held
 

@@ -1,4 +1,6 @@
-"""The seccomp profile of a gVisor (`runsc`) container, applied inside gVisor's kernel.
+"""The seccomp profiles airlockd gives containers itself: a gVisor (`runsc`) container's, applied
+inside gVisor's kernel, and on Podman a runc container's (its default profile lets an agent make a
+user namespace and use the keyrings, which Docker's refuses; docs/engines.md, Podman).
 
 Under runsc the engine's default profile does not work: it answers `clone3` with ENOSYS (so that
 libc falls back to `clone`, whose flags a filter can read), but gVisor's `--oci-seccomp` of the
@@ -67,12 +69,35 @@ REFUSED = (
     "process_vm_readv",
 )
 EPERM = 1
+ENOSYS = 38
 NAME = "airlockd-gvisor"  # how the evidence names it
+HOST_NAME = "airlockd-host"
+#: on the host's kernel (Podman's runc) besides: io_uring, whose calls run in kernel threads a
+#: filter never sees (Docker's default refuses it too)
+HOST_REFUSED = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
 
 @functools.cache
 def gvisor_profile() -> str:
     """The profile as the engine takes it (`--security-opt seccomp=<json>`)."""
+    return json.dumps(_profile(), separators=(",", ":"))
+
+
+@functools.cache
+def host_profile() -> str:
+    """The profile of a container on the host's kernel where the engine's default is not Docker's
+    (Podman): gVisor's refusals, io_uring, and `clone3` answered ENOSYS, as Docker's default does,
+    so that libc falls back to `clone`, whose namespace flags the filter reads (clone3 passes them
+    in memory a filter cannot see)."""
+    profile = _profile()
+    rules = profile["syscalls"]
+    assert isinstance(rules, list)
+    rules.append({"names": list(HOST_REFUSED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM})
+    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
+    return json.dumps(profile, separators=(",", ":"), indent=None)
+
+
+def _profile() -> dict[str, object]:
     rules: list[dict[str, object]] = [{"names": list(REFUSED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}]
     for flag in NAMESPACE_FLAGS:  # one rule a flag: refused when that bit is set, whatever else is
         rules.append(
@@ -83,12 +108,19 @@ def gvisor_profile() -> str:
                 "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
             }
         )
-    profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"], "syscalls": rules}
-    return json.dumps(profile, separators=(",", ":"))
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"], "syscalls": rules}
 
 
 def shown(security_opt: list[str] | None) -> list[str] | None:
-    """The engine's security options with this profile's JSON named rather than spelled out."""
+    """The engine's security options with this profile's JSON (or its file on the engine's host)
+    named rather than spelled out."""
     if security_opt is None:
         return None
-    return [f"seccomp={NAME}" if o == f"seccomp={gvisor_profile()}" else o for o in security_opt]
+    out = []
+    for o in security_opt:
+        if o == f"seccomp={gvisor_profile()}":
+            o = f"seccomp={NAME}"
+        elif o.startswith("seccomp=") and o.endswith(f"/{HOST_NAME}.json"):
+            o = f"seccomp={HOST_NAME}"
+        out.append(o)
+    return out

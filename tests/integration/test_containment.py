@@ -299,6 +299,31 @@ def test_escape_attempt_leaves_nothing(
     assert f"sleep {marker}" not in ps, [line for line in ps.splitlines() if marker in line]
 
 
+#: what an agent must not get on any engine: a user namespace (root in it, mounts, its own
+#: network), a keyring call, a write to /var/tmp or /run; a thread of its own still works
+NAMESPACE_PROBE = (
+    "touch /var/tmp/x 2>/dev/null; echo vartmp=$?; touch /run/x 2>/dev/null; echo run=$?;"
+    " unshare -U true 2>/dev/null; echo userns=$?;"
+    " unshare -Urm true 2>/dev/null; echo mountns=$?;"
+    " python3 -c 'import ctypes; c = ctypes.CDLL(None, use_errno=True); c.syscall(250, 0, 0, 0, 0, 0);"
+    ' print("keyctl=%d" % ctypes.get_errno())\';'
+    " python3 -c 'import threading; t = threading.Thread(target=print, args=(\"thread=ok\",)); t.start(); t.join()'"
+)
+
+
+def test_no_namespace_or_keyring_of_the_agents_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str
+) -> None:
+    """On every engine and runtime: no user namespace (Podman's own default profile would allow
+    one, so airlockd gives its own there), no keyring call (EPERM), no place to write outside
+    /workspace and /tmp (Podman would give a writable /var/tmp), and threads still start."""
+    ws = make_ws(tmp_path, "wall_time_s = 60", runtime=runtime)
+    code, run = run_wait(ws, NAMESPACE_PROBE, capsys)
+    assert code == 0 and run["state"] in {"proposed", "applied"}, run
+    said = (Service(ws).state.run_dir(run["id"]) / "output.log").read_text().split()
+    assert {"vartmp=1", "run=1", "userns=1", "mountns=1", "keyctl=1", "thread=ok"} <= set(said), said
+
+
 # -- quarantine and admission -----------------------------------------------------------------
 
 

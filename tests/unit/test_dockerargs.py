@@ -130,6 +130,7 @@ def test_overlay_workspace_is_the_runs_volume(tmp_path: Path) -> None:
     kw = create_kwargs(spec(tmp_path, workspace_overlay=ov))
     m = mounts(kw)[WORKSPACE_PATH]
     assert (m["Source"], m["Type"], m["ReadOnly"]) == (volume_name("r1"), "volume", False)
+    assert m["VolumeOptions"]["NoCopy"] is True  # nothing of the image's, not even its owner
     assert len(kw["mounts"]) == 1
 
 

@@ -61,12 +61,55 @@ def test_a_run_on_podman_keeps_its_own_caps_and_gets_the_engines_limits_besides(
     spec = ContainerSpec(run_id="r1", image="img:1", argv=["a"], workspace=tmp_path, limits=LIMITS)
     on_docker = {u["Name"]: (u["Soft"], u["Hard"]) for u in create_kwargs(spec)["ulimits"]}
     assert on_docker == {"core": (0, 0)}
-    on_podman = {u["Name"]: (u["Soft"], u["Hard"]) for u in create_kwargs(spec, enginepaths.PODMAN)["ulimits"]}
-    assert on_podman == {"core": (0, 0), "nofile": (4096, 4096), "nproc": (4096, 4096)}
-    assert create_kwargs(spec, enginepaths.PODMAN)["pids_limit"] == 48  # the cap that matters stays
+    engine = (("nofile", 20000, 20000), ("nproc", 32768, 32768))
+    kw = create_kwargs(spec, enginepaths.PODMAN, "/p/airlockd-host.json", engine)
+    on_podman = {u["Name"]: (u["Soft"], u["Hard"]) for u in kw["ulimits"]}
+    assert on_podman == {"core": (0, 0), "nofile": (20000, 20000), "nproc": (32768, 32768)}
+    assert kw["pids_limit"] == 48  # the cap that matters stays
+    assert kw["runtime"] == "runc"  # named: Podman's default may be another
+    assert kw["tmpfs"]["/var/tmp"].startswith("ro,")  # Podman would make it a writable tmpfs of no size
+    assert "/var/tmp" not in create_kwargs(spec)["tmpfs"]
     gvisor = ContainerSpec(run_id="r1", image="img:1", argv=["a"], workspace=tmp_path, limits=LIMITS, runtime="runsc")
     nproc = {u["Name"]: u["Soft"] for u in create_kwargs(gvisor, enginepaths.PODMAN)["ulimits"]}["nproc"]
     assert nproc == 48  # a run's own nproc cap is never replaced
+
+
+def test_the_engines_limits_are_read_from_the_process_behind_its_socket(tmp_path: Path) -> None:
+    import resource
+    import socket
+
+    path = tmp_path / "engine.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        srv.listen(1)
+        got = dict((name, (soft, hard)) for name, soft, hard in enginepaths.engine_limits(f"unix://{path}"))
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    cap = lambda n: min(1 << 20, n if n != resource.RLIM_INFINITY else 1 << 20)  # noqa: E731
+    assert got == {"nofile": (cap(nofile), cap(nofile)), "nproc": (cap(nproc), cap(nproc))}
+    assert enginepaths.engine_limits(f"unix://{tmp_path}/none.sock") == enginepaths.PODMAN_ULIMITS
+    assert enginepaths.engine_limits("tcp://10.0.0.1:2376") == enginepaths.PODMAN_ULIMITS
+
+
+def test_runc_on_podman_gets_airlockds_profile_which_refuses_namespaces_and_answers_clone3_enosys(
+    tmp_path: Path,
+) -> None:
+    from airlockd.errors import UsageError
+    from airlockd.sandbox import seccomp
+
+    spec = ContainerSpec(run_id="r1", image="img:1", argv=["a"], workspace=tmp_path, limits=LIMITS)
+    assert create_kwargs(spec)["security_opt"] == ["no-new-privileges"]  # Docker's default profile
+    kw = create_kwargs(spec, enginepaths.PODMAN, "/v/_data/airlockd-host.json")
+    assert kw["security_opt"] == ["no-new-privileges", "seccomp=/v/_data/airlockd-host.json"]
+    assert seccomp.shown(kw["security_opt"]) == ["no-new-privileges", "seccomp=airlockd-host"]
+    with pytest.raises(UsageError, match="seccomp"):
+        create_kwargs(spec, enginepaths.PODMAN, None)
+    rules = json.loads(seccomp.host_profile())["syscalls"]
+    by_name = {n: r for r in rules for n in r["names"] if "args" not in r}
+    for name in ("unshare", "setns", "keyctl", "add_key", "mount", "bpf", "ptrace", "io_uring_setup"):
+        assert by_name[name]["errnoRet"] == seccomp.EPERM, name
+    assert by_name["clone3"]["errnoRet"] == seccomp.ENOSYS  # libc falls back to clone, whose flags are read
+    assert sum(1 for r in rules if r["names"] == ["clone"]) == len(seccomp.NAMESPACE_FLAGS)
 
 
 def test_the_growth_cap_is_said_in_pages_on_podman_which_refuses_size_on_tmpfs() -> None:

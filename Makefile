@@ -51,11 +51,12 @@ lint: setup
 # Then the integration suite once more as a user who is not root, in group docker, on the first
 # engine (tests/as_user.py; as such a user `make test` runs everything once, as that user). Not
 # there: building the runtime image (debootstrap: setup, root's), the engines only root starts, and
-# test_daemon_nonroot.py (the first pass runs it as that user already).
+# test_daemon_nonroot.py and test_codex.py (the first pass runs both as that user already).
 test: image lint vscode code-server
 	$(VENV)/bin/pytest tests --ignore=tests/bench -q
 	$(PY) tests/as_user.py tests/integration -q --ignore=tests/integration/test_image.py \
-		--ignore=tests/integration/test_remote_engine.py --ignore=tests/integration/test_daemon_nonroot.py
+		--ignore=tests/integration/test_remote_engine.py --ignore=tests/integration/test_daemon_nonroot.py \
+		--ignore=tests/integration/test_codex.py
 
 # The VS Code extension (editors/vscode): npm ci from the committed lock file (which records no
 # download address: editors/vscode/.npmrc sets omit-lockfile-registry-resolved), tsc --strict,

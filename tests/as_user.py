@@ -3,8 +3,8 @@ editors: `make test` runs the integration suite through this after its own pass 
 
 As root it makes `airlock-tester` (tests/nonroot.py), gives it a fresh home, and runs pytest as
 that user on this machine's first engine (the others, which only root can start, are covered
-for such a user by test_daemon_nonroot.py). Run by a user who is not root, it does nothing: the
-first pass already was that user's.
+for such a user by test_daemon_nonroot.py), staged as such a user's runs are (the engine's
+overlay). Run by a user who is not root, it does nothing: the first pass already was that user's.
 
     python tests/as_user.py [PYTEST ARGS...]
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nonroot import as_user, ensure_tester, home_for, interpreter_for
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT = ("AIRLOCK_REQUIRE_DOCKER", "AIRLOCK_RUNTIME", "AIRLOCK_STAGER", "CI", "LANG", "TERM")
+KEPT = ("AIRLOCK_REQUIRE_DOCKER", "AIRLOCK_RUNTIME", "CI", "LANG", "TERM")
 
 
 def main(args: list[str]) -> int:
@@ -39,6 +39,9 @@ def main(args: list[str]) -> int:
                 PATH=f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                 PYTHONDONTWRITEBYTECODE="1",  # the checkout is root's
                 AIRLOCK_ENGINE="local",
+                # what such a user stages with (the engine's overlay, capped): the copy stager,
+                # which only root can cap, is root's fallback and runs in the pass as root
+                AIRLOCK_STAGER=os.environ.get("AIRLOCK_STAGER", "overlay"),
             )
             argv = [str(prefix / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
             argv += ["--basetemp", str(home / "pytest"), *args]

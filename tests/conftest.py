@@ -230,11 +230,9 @@ def stager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _sta
     if name is None:
         return None
     if name == "overlay":
-        from airlockd.staging import overlay
+        from nonroot import overlay_unavailable
 
-        # a user who is not root gets the overlay through the engine (docs/engines.md)
-        why = overlay.unavailable(_state_dir) if os.geteuid() == 0 else overlay.unsuitable_path(_state_dir)
-        if why:
+        if why := overlay_unavailable(_state_dir):
             pytest.skip(f"overlay staging unavailable: {why}")
     monkeypatch.setenv("AIRLOCK_STAGER", name)
     return name

@@ -44,6 +44,14 @@ def ensure_tester() -> int:
     return pwd.getpwnam(TESTER).pw_uid
 
 
+def overlay_unavailable(state_root: Path) -> str | None:
+    """Why runs cannot be staged with the overlay here, or None: root mounts its own, a user who
+    is not root gets the engine's (docs/engines.md), given a path overlay options can carry."""
+    from airlockd.staging import overlay
+
+    return overlay.unavailable(state_root) if os.geteuid() == 0 else overlay.unsuitable_path(state_root)
+
+
 def as_user(uid: int, argv: list[str]) -> list[str]:
     """`argv` run as `uid` with its groups (docker among them)."""
     if os.geteuid() == uid:

@@ -205,3 +205,4 @@ def drop_secrets(run_dir: Path, secrets: Mapping[str, Secret]) -> None:
                 node.rmdir()
             else:
                 node.unlink()
+    stagers.forget_scanned(run_dir, secrets)

@@ -141,7 +141,8 @@ def reattach(svc: Service, rec: RunRecord) -> bool:
     its limits, or reads how it ended, and proposes the result (`runs/carrier.py --resume`).
     False when the run has no container."""
     try:
-        exists = rec.id in svc.sandbox.labelled_runs(str(svc.workspace))
+        # the agent's container: a holder of its upper layer alone is no agent to re-attach to
+        exists = rec.id in svc.sandbox.labelled_runs(str(svc.workspace), holders=False)
     except EngineError:
         return False
     if not exists:

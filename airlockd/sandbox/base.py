@@ -154,8 +154,9 @@ class Sandbox(Protocol):
         None when the run has no container."""
         ...
 
-    def labelled_runs(self, workspace: str) -> list[str]:
-        """Run ids of every container this sandbox started for `workspace`, running or not."""
+    def labelled_runs(self, workspace: str, *, holders: bool = True) -> list[str]:
+        """Run ids of every container this sandbox started for `workspace`, running or not;
+        without `holders`, of the agents' containers alone (not those holding upper layers)."""
         ...
 
     def held_upper(self, image: str, workspace: str) -> HeldUpper | None:

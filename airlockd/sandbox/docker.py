@@ -385,13 +385,15 @@ class DockerSandbox:
         with self._lock:
             return self._requested.get(run_id)
 
-    def labelled_runs(self, workspace: str) -> list[str]:
-        """Run ids of every container (running or not) airlockd started for `workspace`."""
+    def labelled_runs(self, workspace: str, *, holders: bool = True) -> list[str]:
+        """Run ids of every container (running or not) airlockd started for `workspace`; without
+        `holders`, of the agents' containers alone."""
         with _engine("listing airlockd's containers"):
             found = self.client.containers.list(
                 all=True, filters={"label": f"airlockd.workspace={workspace}"}, ignore_removed=True
             )
-        return sorted({c.labels.get(RUN_LABEL) or c.labels.get(layers.HELD_LABEL, "") for c in found} - {""})
+        held = (lambda c: c.labels.get(layers.HELD_LABEL, "")) if holders else (lambda c: "")
+        return sorted({c.labels.get(RUN_LABEL) or held(c) for c in found} - {""})
 
     def _find(self, run_id: str) -> list[Container]:
         with _engine(f"looking up run {run_id}"):

@@ -180,6 +180,21 @@ def read_back(run_dir: Path, chunks: Iterable[bytes], base: Base, bounds: Change
     atomic_write_bytes(staging / _SCAN, json.dumps(doc).encode())
 
 
+def forget_scanned(run_dir: Path, paths: Iterable[str]) -> None:
+    """Take `paths` out of the run's read-back scan (an engine-held run's), as their nodes are
+    taken out of its copy: the scan names them, and a name or a link target may hold a secret."""
+    scan = run_dir / "staging" / _SCAN
+    try:
+        doc = json.loads(scan.read_bytes())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise StagingError(f"the read-back scan of run {run_dir.name} is damaged: {exc}") from None
+    gone = set(paths)
+    doc["after"] = {p: e for p, e in doc["after"].items() if p not in gone}
+    atomic_write_bytes(scan, json.dumps(doc).encode())
+
+
 def load_scan(run_dir: Path) -> tuple[Manifest, list[str], list[str]]:
     try:
         doc = json.loads((run_dir / "staging" / _SCAN).read_bytes())

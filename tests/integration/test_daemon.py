@@ -206,6 +206,8 @@ def _raw(path: Path, payload: bytes) -> bytes:
 
 
 def test_the_control_socket_is_this_users_and_survives_bad_input(ws: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("another user knocking needs root to become that user: the pass as root runs this")
     code, _run, err = cli(ws, "run", "--agent", "bot", "--wait", "true")
     assert code == 0, err
     root = StateDir.for_workspace(ws).root

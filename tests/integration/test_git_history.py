@@ -47,9 +47,9 @@ def test_agent_finds_no_history_and_uses_git(
     tmp_path: Path, stager: str, packed: bool, monkeypatch: pytest.MonkeyPatch, _state_dir: Path
 ) -> None:
     if stager == "overlay":
-        from airlockd.staging import overlay
+        from nonroot import overlay_unavailable
 
-        if why := overlay.unavailable(_state_dir):
+        if why := overlay_unavailable(_state_dir):
             pytest.skip(f"overlay staging unavailable: {why}")
     monkeypatch.setenv("AIRLOCK_STAGER", stager)
     ws = history_workspace(tmp_path, packed=packed)

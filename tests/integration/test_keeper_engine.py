@@ -37,10 +37,11 @@ def ws(tmp_path: Path) -> Path:
 def test_the_daemons_keeper_never_changes_a_mounted_generation(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the daemon's keeper (inotify), a live edit during a run reaches the next refresh
     (a clone of the generation the run has mounted), never the running agent's view."""
-    from airlockd.runs.execution import mirror_owner
-    from airlockd.staging import overlay
+    from nonroot import overlay_unavailable
 
-    if why := overlay.unavailable(ws.parent):
+    from airlockd.runs.execution import mirror_owner
+
+    if why := overlay_unavailable(ws.parent):
         pytest.skip(f"overlay staging unavailable: {why}")
     monkeypatch.setenv("AIRLOCK_STAGER", "overlay")
 

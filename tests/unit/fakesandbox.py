@@ -185,7 +185,7 @@ class FakeSandbox:
         running.done.wait(limits.wall_time_s + 5)
         return running.info
 
-    def labelled_runs(self, workspace: str) -> list[str]:
+    def labelled_runs(self, workspace: str, *, holders: bool = True) -> list[str]:  # it holds none
         with self._lock:
             return sorted(
                 r for r, run in self._running.items() if run.spec.labels.get("airlockd.workspace") == workspace

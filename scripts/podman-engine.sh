@@ -30,8 +30,9 @@ service_pid() {
 }
 running() { service_pid >/dev/null; }
 answers() { api version >/dev/null 2>&1; }
-# the processes that name this engine's storage: the service, conmon and its cleanup commands
-users() { pgrep -f -- "--root $base/storage" || true; }
+# the processes that name this engine's storage: the service, conmon (whose exit command, run up
+# to minutes after an exec ends, would make the storage again) and those cleanup commands
+users() { pgrep -f -- "$base/storage" || true; }
 
 case $cmd in
 start)
@@ -78,9 +79,11 @@ stop)
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$sock" "$pidfile"
-  # conmon and the cleanup commands it starts may still be at work on the storage: wait, then end them
-  for _ in $(seq 1 20); do [ -z "$(users)" ] && break; sleep 0.5; done
+  # conmon and the cleanup commands it starts may still be at work on the storage: wait a little,
+  # then end them (conmon of an exec session waits minutes before its cleanup)
+  for _ in $(seq 1 10); do [ -z "$(users)" ] && break; sleep 0.5; done
   users | xargs -r kill -9 2>/dev/null || true
+  for _ in $(seq 1 10); do [ -z "$(users)" ] && break; sleep 0.2; done
   # what its containers and volumes left mounted under its storage (deepest first), then the storage
   if [ -d "$base" ]; then
     awk -v base="$base/" 'index($2, base) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r point; do

@@ -33,6 +33,7 @@ from airlockd.sandbox.dockerargs import RUN_LABEL, RUNTIME_LABEL, create_kwargs
 log = logging.getLogger(__name__)
 
 _ENGINE_FIX = "start the engine with scripts/ensure-docker.sh (or `make engine`) and check `docker info`"
+_LIST_ATTEMPTS = 5  # each retry answers a container removed while it was listed
 _DockerFailure = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
@@ -389,18 +390,28 @@ class DockerSandbox:
         """Run ids of every container (running or not) airlockd started for `workspace`; without
         `holders`, of the agents' containers alone."""
         with _engine("listing airlockd's containers"):
-            found = self.client.containers.list(
-                all=True, filters={"label": f"airlockd.workspace={workspace}"}, ignore_removed=True
-            )
+            found = self._listed(f"airlockd.workspace={workspace}")
         held = (lambda c: c.labels.get(layers.HELD_LABEL, "")) if holders else (lambda c: "")
         return sorted({c.labels.get(RUN_LABEL) or held(c) for c in found} - {""})
 
     def _find(self, run_id: str) -> list[Container]:
         with _engine(f"looking up run {run_id}"):
-            found: list[Container] = self.client.containers.list(
-                all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
-            )  # a container removed between the listing and its inspection is simply gone
-        return found
+            return self._listed(f"{RUN_LABEL}={run_id}")
+
+    def _listed(self, label: str) -> list[Container]:
+        """Containers carrying `label`. One removed between the listing and its inspection is
+        simply gone: Docker answers 404 for it, which `ignore_removed` skips, but Podman answers
+        500 "no such container", so the listing is asked again."""
+        for attempt in range(_LIST_ATTEMPTS):
+            try:
+                found: list[Container] = self.client.containers.list(
+                    all=True, filters={"label": label}, ignore_removed=True
+                )
+                return found
+            except docker.errors.APIError as exc:
+                if "no such container" not in str(exc).lower() or attempt == _LIST_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _kill_quietly(self, container: Container) -> None:
         try:

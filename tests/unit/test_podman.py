@@ -143,3 +143,36 @@ def test_podmans_cgroups_are_found_where_it_puts_them(
         (tmp_path / controller / rel.format(id=cid)).mkdir(parents=True)
     found = cgroups.locate(cid)
     assert found == {c: tmp_path / c / rel.format(id=cid) for c in ("pids", "memory")}
+
+
+class RacingContainers:
+    """A listing during which a container is removed: Podman answers its inspection with 500."""
+
+    def __init__(self, races: int) -> None:
+        self.races, self.asked = races, 0
+
+    def list(self, **kwargs: Any) -> list[str]:
+        self.asked += 1
+        assert kwargs["ignore_removed"] is True
+        if self.asked <= self.races:
+            raise docker.errors.APIError(
+                "500 Server Error: container 3f2a... does not exist in database: no such container"
+            )
+        return ["left"]
+
+
+class RacingClient:
+    def __init__(self, races: int) -> None:
+        self.containers = RacingContainers(races)
+
+
+def test_a_container_removed_while_podman_lists_them_is_simply_gone() -> None:
+    from airlockd.errors import EngineError
+    from airlockd.sandbox.docker import DockerSandbox
+
+    client = RacingClient(races=2)
+    assert DockerSandbox(client)._find("r1") == ["left"]  # type: ignore[arg-type]
+    assert client.containers.asked == 3
+    endless = RacingClient(races=100)
+    with pytest.raises(EngineError, match="no such container"):
+        DockerSandbox(endless).labelled_runs("/ws")  # type: ignore[arg-type]

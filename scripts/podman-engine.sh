@@ -10,6 +10,8 @@
 # Clients reach it at unix:///var/run/airlockd-podman-NAME.sock (group docker may use it, as the
 # Docker engine's socket). Podman needs catatonit for `--init` (every run has it).
 set -euo pipefail
+# shellcheck source=engine-common.sh
+. "$(dirname "$0")/engine-common.sh"
 
 cmd=${1:?usage: podman-engine.sh start|stop NAME [IMAGE...]}
 name=${2:?usage: podman-engine.sh start|stop NAME [IMAGE...]}
@@ -60,10 +62,7 @@ start)
     }
     chgrp docker "$sock" 2>/dev/null && chmod 0660 "$sock"
   fi
-  for image in "$@"; do
-    DOCKER_HOST=unix://$sock docker image inspect "$image" >/dev/null 2>&1 \
-      || docker save "$image" | DOCKER_HOST=unix://$sock docker load -q >/dev/null
-  done
+  load_images "$sock" "$@"
   echo "unix://$sock"
   ;;
 stop)
@@ -74,9 +73,7 @@ stop)
       || echo "podman-engine: some containers of $name were not removed" >&2
     api volume ls -q 2>/dev/null | xargs -r env DOCKER_HOST="unix://$sock" docker volume rm -f >/dev/null \
       || echo "podman-engine: some volumes of $name were not removed" >&2
-    kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
+    end_process "$pid"
   fi
   rm -f "$sock" "$pidfile"
   # conmon and the cleanup commands it starts may still be at work on the storage: wait a little,

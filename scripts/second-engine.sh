@@ -8,6 +8,8 @@
 #
 # Clients reach it at unix:///var/run/airlockd-NAME.sock (group docker may use it).
 set -euo pipefail
+# shellcheck source=engine-common.sh
+. "$(dirname "$0")/engine-common.sh"
 
 cmd=${1:?usage: second-engine.sh start|stop NAME [IMAGE...]}
 name=${2:?usage: second-engine.sh start|stop NAME [IMAGE...]}
@@ -52,18 +54,13 @@ start)
       exit 1
     }
   fi
-  for image in "$@"; do
-    DOCKER_HOST=unix://$sock docker image inspect "$image" >/dev/null 2>&1 \
-      || docker save "$image" | DOCKER_HOST=unix://$sock docker load -q >/dev/null
-  done
+  load_images "$sock" "$@"
   echo "unix://$sock"
   ;;
 stop)
   if running; then
     pid=$(cat "$pidfile")
-    kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
+    end_process "$pid"
   fi
   rm -f "$sock"
   # the engine's mounts lived in its own namespace: nothing of it is mounted here

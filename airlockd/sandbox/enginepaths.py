@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,30 @@ def podman_runtime(client: Any, container: str) -> str:
     return str(found.get("OCIRuntime") or "oci")
 
 
+@contextlib.contextmanager
+def _scratch(client: Any, image: str, mounts: list[Mount] | None = None) -> Iterator[str]:
+    """The id of a container of `image` that never starts, removed after: the engine's archive
+    API reaches its file system, and the volumes it mounts, through it."""
+    host_config = client.api.create_host_config(mounts=mounts or [], network_mode="none")
+    cid = client.api.create_container(image, ["true"], network_disabled=True, host_config=host_config)["Id"]
+    try:
+        yield cid
+    finally:
+        with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
+            client.api.remove_container(cid, force=True)
+
+
+def _has(client: Any, cid: str, path: str) -> bool:
+    """Whether `path` exists in the container `cid` (read through `get_archive`)."""
+    try:
+        stream, _ = client.api.get_archive(cid, path)
+    except docker.errors.NotFound:
+        return False
+    for _chunk in stream:
+        pass
+    return True
+
+
 def host_profile_path(client: Any, image: str) -> str:
     """The path, on the engine's host, of a file holding `seccomp.host_profile()` (Podman takes a
     profile only as a file there): in a volume of its own, named after the profile's digest,
@@ -138,30 +163,20 @@ def host_profile_path(client: Any, image: str) -> str:
         ti = tarfile.TarInfo(f"{seccomp.HOST_NAME}.json")
         ti.size, ti.mode = len(text), 0o644
         tf.addfile(ti, io.BytesIO(text))
-    container = None
     try:
         try:
             vol = client.api.inspect_volume(name)
         except docker.errors.NotFound:
             client.volumes.create(name=name, driver="local", labels={"airlockd": "1", "airlockd.role": "seccomp"})
             vol = client.api.inspect_volume(name)
-        container = client.api.create_container(
-            image, ["true"], network_disabled=True,
-            host_config=client.api.create_host_config(
-                mounts=[Mount("/profile", name, type="volume")], network_mode="none"
-            ),
-        )  # fmt: skip
-        if not client.api.put_archive(container["Id"], "/profile", buf.getvalue()):
-            raise docker.errors.APIError(f"the engine refused to write into the volume {name}")
+        with _scratch(client, image, [Mount("/profile", name, type="volume")]) as cid:
+            if not client.api.put_archive(cid, "/profile", buf.getvalue()):
+                raise docker.errors.APIError(f"the engine refused to write into the volume {name}")
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineError(
             f"the engine failed to keep airlockd's seccomp profile (a file in its volume {name}): {exc}",
             hint="check the engine (airlockd doctor)",
         ) from None
-    finally:
-        if container is not None:
-            with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
-                client.api.remove_container(container["Id"], force=True)
     path = f"{vol['Mountpoint']}/{seccomp.HOST_NAME}.json"
     with _lock:
         _profiles[client] = path
@@ -174,22 +189,11 @@ def refuse_image_workspace(client: Any, image: str) -> None:
     with _lock:
         if image in _clean_images.get(client, ()):
             return
-    container = None
     try:
-        container = client.api.create_container(image, ["true"], network_disabled=True)
-        try:
-            stream, _ = client.api.get_archive(container["Id"], "/workspace")
-            for _chunk in stream:
-                pass
-            found = True
-        except docker.errors.NotFound:
-            found = False
+        with _scratch(client, image) as cid:
+            found = _has(client, cid, "/workspace")
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineError(f"the engine failed to look into the image {image}: {exc}", hint="check the engine") from None
-    finally:
-        if container is not None:
-            with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
-                client.api.remove_container(container["Id"], force=True)
     if found:
         raise EngineError(
             f"the image {image} has a /workspace: on Podman its owner, mode and files would become the"
@@ -221,27 +225,14 @@ def sees_local_paths(client: Any, image: str) -> bool:
     marker = f"m-{secrets.token_hex(8)}"
     (probe / marker).write_bytes(b"")
     probe.chmod(0o755)
-    container = None
     try:
         try:
-            container = client.api.create_container(
-                image, ["true"], network_disabled=True,
-                host_config=client.api.create_host_config(
-                    mounts=[Mount("/probe", str(probe), type="bind", read_only=True)], network_mode="none"
-                ),
-            )  # fmt: skip
+            with _scratch(client, image, [Mount("/probe", str(probe), type="bind", read_only=True)]) as cid:
+                seen = _has(client, cid, f"/probe/{marker}")
         except docker.errors.APIError as exc:
             if "bind source path does not exist" not in str(exc):
                 raise
             seen = False
-        else:
-            try:
-                stream, _ = client.api.get_archive(container["Id"], f"/probe/{marker}")
-                for _chunk in stream:
-                    pass
-                seen = True
-            except docker.errors.NotFound:
-                seen = False
     except docker.errors.ImageNotFound:
         raise EngineError(
             f"the image {image} is not on the engine {key}",
@@ -253,9 +244,6 @@ def sees_local_paths(client: Any, image: str) -> bool:
             hint="check the engine (airlockd doctor)",
         ) from None
     finally:
-        if container is not None:
-            with contextlib.suppress(docker.errors.DockerException):
-                client.api.remove_container(container["Id"], force=True)
         shutil.rmtree(probe, ignore_errors=True)
     log.info("the engine %s %s this machine's paths", key, "sees" if seen else "does not see")
     with _lock:

@@ -142,8 +142,7 @@ def hold(
         raise _engine(f"to hold the capped upper layer of run {run_id}", exc) from None
     held = HeldLayers(run_id, mountpoint)
     if enginepaths.kind(client) == enginepaths.PODMAN:  # the cap was said in pages of an assumed size
-        prog = f"import os; s = os.statvfs({MOUNT!r}); print(s.f_blocks * s.f_frsize)"
-        size = int(b"".join(_exec(client, run_id, ["python3", "-I", "-c", prog])).strip() or 0)
+        size = _statvfs(client, run_id)[0]
         if size > max(size_bytes, 1 << 20) + PAGE:
             release(client, run_id)
             raise EngineError(
@@ -263,11 +262,21 @@ def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[i
         raise EngineError(f"the engine refused to copy {src} into the capped filesystem of run {held.run_id}")
 
 
+def _statvfs(client: Any, run_id: str) -> tuple[int, int, int]:
+    """(size, bytes in use, inodes in use) of the run's capped filesystem, as its kernel counts them."""
+    prog = (
+        f"import os; s = os.statvfs({MOUNT!r});"
+        " print(s.f_blocks * s.f_frsize, (s.f_blocks - s.f_bfree) * s.f_frsize, s.f_files - s.f_ffree)"
+    )
+    size, used_bytes, used_inodes = (
+        int(x) for x in b"".join(_exec(client, run_id, ["python3", "-I", "-c", prog])).split()
+    )
+    return size, used_bytes, used_inodes
+
+
 def used(client: Any, held: HeldLayers) -> tuple[int, int]:
     """(bytes, inodes) in use on the run's capped filesystem, as its kernel counts them."""
-    prog = f"import os; s = os.statvfs({MOUNT!r}); print((s.f_blocks - s.f_bfree) * s.f_frsize, s.f_files - s.f_ffree)"
-    out = b"".join(_exec(client, held.run_id, ["python3", "-I", "-c", prog])).split()
-    return int(out[0]), int(out[1])
+    return _statvfs(client, held.run_id)[1:]
 
 
 def find(client: Any, run_id: str) -> HeldLayers | None:

@@ -117,6 +117,29 @@ class MirrorKeeper:
             except Exception:
                 log.exception("mirror keeper: a listener failed")
 
+    def withheld_since(self, policy: Policy, clearance: Level) -> tuple[list[str], Changes] | None:
+        """The paths withheld at `clearance` at the last refresh, and what may have changed since
+        (a copy: the next refresh still applies it); None when the keeper cannot vouch for that
+        (not watching, no refresh yet, another policy, a change it lost count of, a withheld file
+        changed through a link outside). What only a walk sees (a write through a shared `mmap`)
+        creates, renames or removes no path, so it moves no path rule's verdict: unlike `refresh`,
+        this does not care how long ago the last walk was."""
+        key = clearance.value
+        with self._lock:
+            self._drain()
+            st = self._states.get(key)
+            pending = self._pending.get(key)
+            if (
+                self.why is not None
+                or st is None
+                or pending is None
+                or pending.everything
+                or st.digest != policy_digest(policy, clearance)
+                or linked_moved(self.workspace, st.ids)
+            ):
+                return None
+            return list(st.withheld), Changes(set(pending.paths), set(pending.trees))
+
     # -- refresh --------------------------------------------------------------------------------
 
     def refresh(

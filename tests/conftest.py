@@ -100,12 +100,13 @@ _ENGINE_MODULES = {
     "test_daemon_nonroot",
 }
 #: the smaller set that runs once more through Podman's Docker API: containment, limits, the
-#: gateway, and a user who is not root (daemon, secrets absent, re-attach, doctor)
+#: gateway, a user who is not root (daemon, secrets absent, re-attach, doctor), and spare holders
 _PODMAN_MODULES = {
     "test_containment",
     "test_limits",
     "test_gateway_route",
     "test_daemon_nonroot",
+    "test_spare_holders",
 }
 ENGINES = ("local", "remote", "podman")
 

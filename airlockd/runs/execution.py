@@ -81,6 +81,7 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             screen=lambda tree, result, hide: screening.classify_labels(svc, rec, tree, result, hide=hide),
             run_id=rec.id,
             held=held,
+            spare=svc.keeper is not None,
         )
     )
     result = staged.result

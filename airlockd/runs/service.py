@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from airlockd.errors import AdmissionRejected, EngineError, PolicyError, StateError
+from airlockd.errors import AdmissionRejected, AirlockError, EngineError, PolicyError, StateError
 from airlockd.evidence.audit import AuditLog
 from airlockd.evidence.document import live_tree, schemes_differ
 from airlockd.gateway.runs import uses_gateway
@@ -222,12 +222,24 @@ class Service:
             self.keeper = MirrorKeeper(self.workspace, self.state.root, walker=walker)
             why = self.keeper.start()
             self.audit.append("mirror.keeper", watching=why is None, why=why)
+            self._drop_spares()  # a daemon that died left them
         return self.keeper.why
 
     def close(self) -> None:
         if self.keeper is not None:
             self.keeper.close()
             self.keeper = None
+            self._drop_spares()
+
+    def _drop_spares(self) -> None:
+        """The engine's holders made ahead for this workspace's runs (layers.py, "Spares"): only
+        the process that keeps the mirrors makes them, and they go with it."""
+        try:
+            held = execution.held_upper(self)
+            if held is not None:
+                held.drop_spares()
+        except AirlockError as exc:
+            log.warning("spare holders not looked for: %s", exc.message)
 
     @property
     def policy(self) -> Policy:

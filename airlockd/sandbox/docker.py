@@ -391,7 +391,7 @@ class DockerSandbox:
         `holders`, of the agents' containers alone."""
         with _engine("listing airlockd's containers"):
             found = self._listed(f"airlockd.workspace={workspace}")
-        held = (lambda c: c.labels.get(layers.HELD_LABEL, "")) if holders else (lambda c: "")
+        held = (lambda c: layers.holder_run(c.name, c.labels)) if holders else (lambda c: "")
         return sorted({c.labels.get(RUN_LABEL) or held(c) for c in found} - {""})
 
     def _find(self, run_id: str) -> list[Container]:

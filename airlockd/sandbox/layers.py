@@ -25,14 +25,26 @@ engine's:
 
 Everything is named after the run and labelled with it, so a crashed run's holder and volume are
 found again (re-attach, sweep) by its id.
+
+**Spares.** Making a holder (the volume, the container started, the layout put) costs about
+0.2 s, a third of a no-op run. A process that serves many runs (the daemon) asks `hold` with
+`spare`: a holder made ahead for the same workspace and the same cap (size, inodes, owner and mode
+of `upper/`) is then taken by renaming its container after the run (its volume keeps its own
+name: `find` and `release` read it from the holder's mounts, and `holder_run` gives the run of a
+renamed spare for the sweep), and the next spare is made at once, off the run's path. Only the
+process that makes spares takes them, and it drops them when it closes (`drop_spares`); a daemon
+that starts drops those a dead one left. An unused spare is an empty tmpfs and a `sleep`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import secrets
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +65,11 @@ ROLE_LABEL = "airlockd.role"
 ROLE = "upper-holder"
 WORKSPACE_LABEL = "airlockd.workspace"
 HELD_LABEL = "airlockd.held-for"  # not the run label: the holder is no container of the agent's
+SPARE_LABEL = "airlockd.spare-for"  # a holder made ahead: the cap it was made with (`spare_key`)
+SPARE_PREFIX = "airlockd-spare-"
+HOLDER_PREFIX = "airlockd-hold-"
+INODE_STEP = 1024  # inode caps are rounded up to this, so a spare made ahead fits the next run
+SPARE_WAIT_S = 10.0  # a run waits this long at most for the spare being made for it
 MOUNT = "/layers"
 #: overlayfs options for an upper layer on an engine-held tmpfs: as `overlay.OPTIONS`, with its
 #: own marks in user.* (readable by the holder without CAP_SYS_ADMIN), which requires
@@ -67,7 +84,25 @@ def volume_name(run_id: str) -> str:
 
 
 def holder_name(run_id: str) -> str:
-    return f"airlockd-hold-{run_id}"
+    return f"{HOLDER_PREFIX}{run_id}"
+
+
+def holder_run(name: str, labels: dict[str, str]) -> str:
+    """The run whose upper layer the container `name` holds ("" for none): its label, or for a
+    spare taken by a run, its name."""
+    if labels.get(HELD_LABEL):
+        return labels[HELD_LABEL]
+    if labels.get(SPARE_LABEL) and name.lstrip("/").startswith(HOLDER_PREFIX):
+        return name.lstrip("/")[len(HOLDER_PREFIX) :]
+    return ""
+
+
+def spare_key(size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> str:
+    return f"{size_bytes}:{inodes}:{owner[0]}:{owner[1]}:{mode:o}"
+
+
+def round_inodes(inodes: int) -> int:
+    return -(-max(inodes, 64) // INODE_STEP) * INODE_STEP
 
 
 @dataclass(frozen=True)
@@ -103,25 +138,48 @@ def hold(
     owner: tuple[int, int],
     mode: int,
     labels: dict[str, str] | None = None,
+    spare: bool = False,
 ) -> HeldLayers:
     """Create the run's capped volume, start its holder, and lay out `upper/` (owned by `owner`,
     with `mode`: what the merged root shows) and `work/`. A leftover of an earlier attempt of the
-    same run is removed first; one of another workspace's (a shared engine) is never touched."""
-    labels = {**(labels or {}), OWNER_LABEL: "1", HELD_LABEL: run_id, ROLE_LABEL: ROLE}
+    same run is removed first; one of another workspace's (a shared engine) is never touched.
+    With `spare`, a spare of the same cap is taken when there is one, and the next is made."""
+    labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
     _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
     release(client, run_id)
-    opts = f"{size_option(client, max(size_bytes, 1 << 20))},nr_inodes={max(inodes, 64)},mode=0755"
+    inodes = round_inodes(inodes)
+    key = spare_key(size_bytes, inodes, owner, mode)
+    held = _take_spare(client, run_id, key, labels) if spare else None
+    if held is None:
+        name, vol = holder_name(run_id), volume_name(run_id)
+        held = HeldLayers(run_id, _make(client, name, vol, image, size_bytes, inodes, {**labels, HELD_LABEL: run_id}))
+        try:
+            _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
+        except EngineError:
+            release(client, run_id)
+            raise
+    if spare:
+        _spares.make(client, image, size_bytes, inodes, owner, mode, labels)
+    return held
+
+
+def _make(
+    client: Any, name: str, vol: str, image: str, size_bytes: int, inodes: int, labels: dict[str, str]
+) -> PurePosixPath:
+    """The capped volume `vol` held mounted by the holder `name`; its mount point."""
+    opts = f"{size_option(client, max(size_bytes, 1 << 20))},nr_inodes={inodes},mode=0755"
+
+    def drop() -> None:
+        _remove(client, name, vol)
+
     try:
         client.volumes.create(
-            name=volume_name(run_id),
-            driver="local",
-            driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts},
-            labels=labels,
+            name=vol, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts}, labels=labels
         )
         client.containers.run(
             image,
             ["sleep", "infinity"],
-            name=holder_name(run_id),
+            name=name,
             detach=True,
             user="0:0",
             network_mode="none",
@@ -134,24 +192,135 @@ def hold(
             ulimits=enginepaths.ulimits(client),
             pids_limit=64,  # the dump, statvfs, and the gateway's relay (a thread a connection)
             labels=labels,
-            volumes={volume_name(run_id): {"bind": MOUNT, "mode": "rw"}},
+            volumes={vol: {"bind": MOUNT, "mode": "rw"}},
         )
-        mountpoint = PurePosixPath(client.api.inspect_volume(volume_name(run_id))["Mountpoint"])
+        mountpoint = PurePosixPath(client.api.inspect_volume(vol)["Mountpoint"])
     except docker.errors.DockerException as exc:
-        release(client, run_id)
-        raise _engine(f"to hold the capped upper layer of run {run_id}", exc) from None
-    held = HeldLayers(run_id, mountpoint)
+        drop()
+        raise _engine(f"to hold a capped upper layer ({name})", exc) from None
     if enginepaths.kind(client) == enginepaths.PODMAN:  # the cap was said in pages of an assumed size
-        size = _statvfs(client, run_id)[0]
+        size = _statvfs(client, name)[0]
         if size > max(size_bytes, 1 << 20) + PAGE:
-            release(client, run_id)
+            drop()
             raise EngineError(
-                f"the engine made run {run_id}'s capped upper layer {size} bytes, not {size_bytes}: its"
+                f"the engine made the capped upper layer {name} {size} bytes, not {size_bytes}: its"
                 f" pages are not {PAGE} bytes",
                 hint="run agents on an engine whose host has 4 KiB pages, or on Docker (docs/engines.md, Podman)",
             )
-    _put(client, held, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
-    return held
+    return mountpoint
+
+
+def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> HeldLayers | None:
+    """A spare of `key` for this workspace, renamed after the run; None when there is none."""
+    _spares.wait(client, key, labels.get(WORKSPACE_LABEL, ""))
+    with _spares.lock:  # two runs of this process never take the same one
+        try:
+            found = client.api.containers(
+                filters={"label": [f"{SPARE_LABEL}={key}", f"{WORKSPACE_LABEL}={labels.get(WORKSPACE_LABEL, '')}"]}
+            )
+        except docker.errors.DockerException as exc:
+            log.warning("no spare holder for run %s: %s", run_id, exc)
+            return None
+        for c in found:
+            names = [n.lstrip("/") for n in c.get("Names") or []]
+            if not any(n.startswith(SPARE_PREFIX) for n in names) or c.get("State") != "running":
+                continue  # taken by a run already, or ended
+            try:
+                client.api.rename(c["Id"], holder_name(run_id))
+                mounts = client.api.inspect_container(c["Id"]).get("Mounts") or []
+            except docker.errors.DockerException as exc:
+                log.warning("spare holder %s not taken: %s", names, exc)
+                continue
+            source = next((m.get("Source") for m in mounts if m.get("Destination") == MOUNT), None)
+            if source:
+                return HeldLayers(run_id, PurePosixPath(source))
+            release(client, run_id)
+    return None
+
+
+class _Spares:
+    """The spares this process is making (one at a time per engine, workspace and cap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._making: dict[tuple[str, str, str], threading.Event] = {}
+
+    def wait(self, client: Any, key: str, workspace: str) -> None:
+        with self.lock:
+            done = self._making.get((client.api.base_url, workspace, key))
+        if done is not None:
+            done.wait(SPARE_WAIT_S)
+
+    def settle(self, timeout: float = SPARE_WAIT_S) -> None:
+        """Wait for the spares being made (a process dropping its spares must not make one after)."""
+        with self.lock:
+            making = list(self._making.values())
+        for done in making:
+            done.wait(timeout)
+
+    def make(
+        self, client: Any, image: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int,
+        labels: dict[str, str],
+    ) -> None:  # fmt: skip
+        """Start making the next spare of this cap in the background (none when one is being
+        made); the workspace's spares of another cap go."""
+        workspace = labels.get(WORKSPACE_LABEL, "")
+        key = spare_key(size_bytes, inodes, owner, mode)
+        slot = (client.api.base_url, workspace, key)
+        with self.lock:
+            if slot in self._making:
+                return
+            done = self._making[slot] = threading.Event()
+
+        def work() -> None:
+            try:
+                if drop_spares(client, workspace, keep=key):
+                    return  # one of this cap is waiting already
+                name = f"{SPARE_PREFIX}{secrets.token_hex(6)}"
+                try:
+                    _make(client, name, name, image, size_bytes, inodes, {**labels, SPARE_LABEL: key})
+                    _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
+                except EngineError as exc:
+                    log.warning("no spare holder made ahead: %s", exc.message)
+                    _remove(client, name, name)
+            finally:
+                with self.lock:
+                    self._making.pop(slot, None)
+                done.set()
+
+        threading.Thread(target=work, name="airlockd-spare-holder", daemon=True).start()
+
+
+_spares = _Spares()
+
+
+def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
+    """Remove the workspace's spares not yet taken by a run: all, or all but one running of cap
+    `keep` (True when one was kept). Each goes by its spare's name, so one a run has just taken
+    (renamed) is never removed; the volumes of spares whose holder is gone go too."""
+    if keep is None:
+        _spares.settle()
+    ws = f"{WORKSPACE_LABEL}={workspace}"
+    kept = False
+    try:
+        found = client.api.containers(all=True, filters={"label": [SPARE_LABEL, ws]})
+        for c in found:
+            name = next((n.lstrip("/") for n in c.get("Names") or [] if n.lstrip("/").startswith(SPARE_PREFIX)), None)
+            if name is None:
+                continue  # a run's now
+            mine = (c.get("Labels") or {}).get(SPARE_LABEL) == keep and c.get("State") == "running"
+            if keep is not None and mine and not kept:
+                kept = True
+                continue
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(name, force=True)
+        dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
+        for v in (dangling or {}).get("Volumes") or []:
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_volume(v["Name"], force=True)
+    except docker.errors.DockerException as exc:
+        log.warning("cannot remove the spare holders: %s", exc)
+    return kept
 
 
 #: tmpfs counts `nr_blocks` in pages; those of the engine's host are taken to be 4 KiB (x86-64,
@@ -191,10 +360,10 @@ def place(client: Any, held: HeldLayers, dirs: list[tuple[str, tuple[int, int], 
     `whiteouts`, so those paths are absent from the merged view."""
     nodes = [(f"upper/{rel}", "dir", owner, mode) for rel, owner, mode in dirs]
     nodes += [(f"upper/{rel}", "whiteout", (0, 0), 0) for rel in whiteouts]
-    _put(client, held, nodes)
+    _put(client, holder_name(held.run_id), nodes)
 
 
-def _put(client: Any, held: HeldLayers, nodes: list[tuple[str, str, tuple[int, int], int]]) -> None:
+def _put(client: Any, holder: str, nodes: list[tuple[str, str, tuple[int, int], int]]) -> None:
     buf = io.BytesIO()
     now = time.time()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -205,21 +374,21 @@ def _put(client: Any, held: HeldLayers, nodes: list[tuple[str, str, tuple[int, i
             ti.devmajor = ti.devminor = 0
             tf.addfile(ti)
     try:
-        ok = client.api.put_archive(holder_name(held.run_id), MOUNT, buf.getvalue())
+        ok = client.api.put_archive(holder, MOUNT, buf.getvalue())
     except docker.errors.DockerException as exc:
-        raise _engine(f"to lay out the upper layer of run {held.run_id}", exc) from None
+        raise _engine(f"to lay out the upper layer in {holder}", exc) from None
     if not ok:
-        raise EngineError(f"the engine refused the layout of run {held.run_id}'s upper layer")
+        raise EngineError(f"the engine refused the layout of the upper layer in {holder}")
 
 
-def _exec(client: Any, run_id: str, argv: list[str]) -> Iterator[bytes]:
-    """Stream the standard output of `argv` run in the run's holder; an error with its
-    standard error when it fails."""
+def _exec(client: Any, holder: str, argv: list[str]) -> Iterator[bytes]:
+    """Stream the standard output of `argv` run in the holder; an error with its standard
+    error when it fails."""
     try:
-        exec_id = client.api.exec_create(holder_name(run_id), argv, user="0:0", stdout=True, stderr=True)["Id"]
+        exec_id = client.api.exec_create(holder, argv, user="0:0", stdout=True, stderr=True)["Id"]
         frames = client.api.exec_start(exec_id, stream=True, demux=True)
     except docker.errors.DockerException as exc:
-        raise _engine(f"to read the upper layer of run {run_id}", exc) from None
+        raise _engine(f"to read the upper layer in {holder}", exc) from None
     err = b""
     for out, stderr in frames:
         if stderr and len(err) < STDERR_KEEP:
@@ -229,14 +398,14 @@ def _exec(client: Any, run_id: str, argv: list[str]) -> Iterator[bytes]:
     code = client.api.exec_inspect(exec_id).get("ExitCode")
     if code != 0:
         text = err.decode("utf-8", "replace").strip().splitlines()[-3:]
-        raise EngineError(f"reading the upper layer of run {run_id} failed (exit {code}): {' / '.join(text)}")
+        raise EngineError(f"reading the upper layer in {holder} failed (exit {code}): {' / '.join(text)}")
 
 
 def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
     """The tree `name` of the capped filesystem (the upper layer, or the agent's home) as
     `upperdump.read_dump` reads it. Closing the iterator early (a bound was met) leaves the
     program to end when the holder goes."""
-    return _exec(client, held.run_id, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
+    return _exec(client, holder_name(held.run_id), ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
 
 
 def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
@@ -262,51 +431,67 @@ def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[i
         raise EngineError(f"the engine refused to copy {src} into the capped filesystem of run {held.run_id}")
 
 
-def _statvfs(client: Any, run_id: str) -> tuple[int, int, int]:
-    """(size, bytes in use, inodes in use) of the run's capped filesystem, as its kernel counts them."""
-    prog = (
-        f"import os; s = os.statvfs({MOUNT!r});"
-        " print(s.f_blocks * s.f_frsize, (s.f_blocks - s.f_bfree) * s.f_frsize, s.f_files - s.f_ffree)"
-    )
-    size, used_bytes, used_inodes = (
-        int(x) for x in b"".join(_exec(client, run_id, ["python3", "-I", "-c", prog])).split()
-    )
-    return size, used_bytes, used_inodes
+def _statvfs(client: Any, holder: str) -> tuple[int, int, int]:
+    """(size, bytes in use, inodes in use) of the holder's capped filesystem, as its kernel counts
+    them: `stat -f` (statvfs(2)), which starts in a few milliseconds where python3 takes tens, at
+    every run's end."""
+    out = b"".join(_exec(client, holder, ["stat", "-f", "-c", "%b %f %S %c %d", MOUNT]))
+    try:
+        blocks, free, frsize, files, ffree = (int(x) for x in out.split())
+    except ValueError:
+        raise EngineError(f"the size of the capped filesystem in {holder} could not be read: {out[:200]!r}") from None
+    return blocks * frsize, (blocks - free) * frsize, files - ffree
 
 
 def used(client: Any, held: HeldLayers) -> tuple[int, int]:
     """(bytes, inodes) in use on the run's capped filesystem, as its kernel counts them."""
-    return _statvfs(client, held.run_id)[1:]
+    return _statvfs(client, holder_name(held.run_id))[1:]
 
 
 def find(client: Any, run_id: str) -> HeldLayers | None:
     """The run's held layers if its holder still runs (after a crash of the process that made
     them): its volume's mount point; None when there is none to find."""
     try:
-        c = client.containers.get(holder_name(run_id))
-        if c.status != "running":
-            return None
-        return HeldLayers(run_id, PurePosixPath(client.api.inspect_volume(volume_name(run_id))["Mountpoint"]))
+        found = client.api.inspect_container(holder_name(run_id))
     except docker.errors.NotFound:
         return None
     except docker.errors.DockerException as exc:
         raise _engine(f"to find the upper layer of run {run_id}", exc) from None
+    source = _mount(found, "Source")
+    if not (found.get("State") or {}).get("Running") or not source:
+        return None
+    return HeldLayers(run_id, PurePosixPath(source))
+
+
+def _mount(container: dict[str, Any], what: str) -> str | None:
+    """`what` ("Name", "Source") of the volume a holder's inspection shows at MOUNT."""
+    return next((m.get(what) for m in container.get("Mounts") or [] if m.get("Destination") == MOUNT), None)
 
 
 def release(client: Any, run_id: str) -> None:
     """Remove the run's holder and its volume (everything the agent wrote with them); no-op for
     what is already gone. Logs what the engine refuses."""
-    steps = (
-        ("holder", lambda: client.api.remove_container(holder_name(run_id), force=True)),
-        ("capped volume", lambda: client.api.remove_volume(volume_name(run_id), force=True)),
-    )  # the holder first: a volume in use cannot go
+    vol = volume_name(run_id)
+    with contextlib.suppress(docker.errors.DockerException):  # a spare a run took keeps its volume's name
+        vol = _mount(client.api.inspect_container(holder_name(run_id)), "Name") or vol
+    _remove(client, holder_name(run_id), vol)
+    if vol != volume_name(run_id):
+        _remove(client, None, volume_name(run_id))
+
+
+def _remove(client: Any, holder: str | None, vol: str) -> None:
+    """Remove the container `holder`, then the volume `vol` (a volume in use cannot go); what
+    is already gone is no error, and what the engine refuses is logged."""
+    steps = [("capped volume", lambda: client.api.remove_volume(vol, force=True))]
+    if holder is not None:
+        steps.insert(0, ("holder", lambda: client.api.remove_container(holder, force=True)))
     for what, remove in steps:
         try:
             remove()
         except docker.errors.NotFound:
             pass
         except docker.errors.DockerException as exc:
-            log.error("cannot remove the %s of run %s: %s", what, run_id, exc)
+            log.error("cannot remove the %s %s: %s", what, holder if what == "holder" else vol, exc)
 
 
 class EngineUpper:
@@ -330,12 +515,17 @@ class EngineUpper:
         relay.start(self.client, run_id, holder_name(run_id), f"{MOUNT}/gw/{socket.name}", socket)
         return str(held.mountpoint / "gw")
 
-    def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
+    def hold(
+        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False
+    ) -> tuple[str, str]:
         held = hold(
             self.client, run_id, image=self.image, size_bytes=size_bytes, inodes=inodes, owner=owner, mode=mode,
-            labels=self.labels,
+            labels=self.labels, spare=spare,
         )  # fmt: skip
         return str(held.upper), str(held.work)
+
+    def drop_spares(self) -> None:
+        drop_spares(self.client, self.labels.get(WORKSPACE_LABEL, ""))
 
     def _held(self, run_id: str) -> HeldLayers:
         found = find(self.client, run_id)

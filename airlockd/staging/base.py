@@ -46,9 +46,16 @@ class HeldUpper(Protocol):
         connection; it lasts until `release`."""
         ...
 
-    def hold(self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> tuple[str, str]:
+    def hold(
+        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False
+    ) -> tuple[str, str]:
         """Create the capped filesystem with `upper/` (owned by `owner`, with `mode`) and `work/`;
-        their paths on the engine's host."""
+        their paths on the engine's host. With `spare` (a process that serves many runs), one
+        made ahead with the same cap is taken when there is one, and the next is made ahead."""
+        ...
+
+    def drop_spares(self) -> None:
+        """Remove the spares made ahead for this workspace that no run took."""
         ...
 
     def place(self, run_id: str, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
@@ -95,6 +102,7 @@ class StageRequest:
     screen: Screen
     run_id: str = ""
     held: HeldUpper | None = None  # the engine holds the capped upper layer (not root)
+    spare: bool = False  # this process serves many runs: the engine's holders are made ahead
 
 
 @dataclass

@@ -280,7 +280,8 @@ class OverlayStager:
         result = view.result
         st = os.lstat(view.tree)
         owner = req.owner or (st.st_uid, st.st_gid)
-        upper, work = held.hold(req.run_id, req.growth, _inodes(result, req.growth), owner, stat.S_IMODE(st.st_mode))
+        inodes = _inodes(result, req.growth)
+        upper, work = held.hold(req.run_id, req.growth, inodes, owner, stat.S_IMODE(st.st_mode), spare=req.spare)
         engine_lower = held.lower(view.tree) if held.remote else None  # synced there: what changed travels
         lay = Layout(view.tree, Path(upper), Path(work), staging, held.options, engine_lower)
         write_meta(req.run_dir, self.name, self.why, view, held=lay)

@@ -1,0 +1,175 @@
+"""Holders made ahead (sandbox/layers.py, "Spares"): a process that serves many runs takes a
+spare holder of the same cap instead of making one (a rename, not a container start), the cap
+still holds on it, the sweep still finds the run it now holds for, releasing the run frees the
+spare's volume, a spare of another cap is never taken, and none is left when the process closes.
+On every engine: the local one, one that sees none of this machine's paths, and Podman."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from airlockd.sandbox import layers
+from airlockd.sandbox.docker import DockerSandbox
+from airlockd.sandbox.image import image_tag
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
+
+MiB = 1 << 20
+
+
+def _spares(client: Any, ws: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in client.api.containers(
+            all=True, filters={"label": [layers.SPARE_LABEL, f"{layers.WORKSPACE_LABEL}={ws}"]}
+        )
+        if any(n.lstrip("/").startswith(layers.SPARE_PREFIX) for n in c["Names"])
+    ]
+
+
+def _left(client: Any, ws: str) -> tuple[list[str], list[str]]:
+    label = f"{layers.WORKSPACE_LABEL}={ws}"
+    return (
+        [c.name for c in client.containers.list(all=True, filters={"label": label})],
+        [v.name for v in client.volumes.list(filters={"label": label})],
+    )
+
+
+def _hold(client: Any, run_id: str, ws: str, size: int = 8 * MiB, spare: bool = True) -> layers.HeldLayers:
+    me = (os.getuid(), os.getgid())
+    return layers.hold(
+        client, run_id, image=image_tag(), size_bytes=size, inodes=1000, owner=me, mode=0o755,
+        labels={layers.WORKSPACE_LABEL: ws}, spare=spare,
+    )  # fmt: skip
+
+
+def _fill(client: Any, run_id: str) -> str:
+    """Write 16 MiB into the holder's capped filesystem: what the kernel says."""
+    prog = "dd if=/dev/zero of=/layers/work/fill bs=1M count=16 2>&1; rm -f /layers/work/fill"
+    return b"".join(layers._exec(client, layers.holder_name(run_id), ["sh", "-c", prog])).decode(errors="replace")
+
+
+def test_the_next_run_takes_the_spare_and_the_cap_the_sweep_and_the_release_hold(engine: str, tmp_path: Path) -> None:
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    ids = [f"sp{os.getpid() % 10000}{i}" for i in range(2)]
+    try:
+        first = _hold(client, ids[0], ws)
+        assert first.mountpoint.name == "_data" and layers.volume_name(ids[0]) in str(first.mountpoint)
+        layers._spares.settle()
+        (made,) = _spares(client, ws)
+        spare_name = made["Names"][0].lstrip("/")
+        assert made["State"] == "running"
+
+        t0 = time.perf_counter()
+        second = _hold(client, ids[1], ws)
+        taken_s = time.perf_counter() - t0
+        # the run holds the spare: its volume, under the run's holder name
+        info = client.api.inspect_container(layers.holder_name(ids[1]))
+        assert info["Id"] == made["Id"]
+        assert layers._mount(info, "Name") == spare_name
+        assert str(second.mountpoint) == layers._mount(info, "Source")
+        assert layers.find(client, ids[1]) == second
+        print(f"\nspare taken in {taken_s:.3f} s")
+
+        # the cap it was made with holds, and the layout is the run's
+        assert "No space left on device" in _fill(client, ids[1])
+        listing = b"".join(layers._exec(client, layers.holder_name(ids[1]), ["ls", "-ln", "/layers"])).decode()
+        assert f" {os.getuid()} {os.getgid()} " in next(
+            line for line in listing.splitlines() if line.endswith(" upper")
+        )
+
+        # the sweep finds the run it holds for (by its name: its labels were the spare's)
+        assert set(ids) <= set(DockerSandbox(client).labelled_runs(ws))
+        assert ids[1] not in DockerSandbox(client).labelled_runs(ws, holders=False)
+
+        # and the next spare is made at once
+        layers._spares.settle()
+        (again,) = _spares(client, ws)
+        assert again["Id"] != made["Id"]
+
+        layers.release(client, ids[1])
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_volume(spare_name)
+    finally:
+        for run_id in ids:
+            layers.release(client, run_id)
+        layers.drop_spares(client, ws)
+    assert _left(client, ws) == ([], [])
+
+
+def test_a_spare_of_another_cap_is_never_taken_and_goes(engine: str, tmp_path: Path) -> None:
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    ids = [f"sq{os.getpid() % 10000}{i}" for i in range(2)]
+    try:
+        _hold(client, ids[0], ws, size=8 * MiB)
+        layers._spares.settle()
+        (small,) = _spares(client, ws)
+        big = _hold(client, ids[1], ws, size=32 * MiB)  # another agent's cap: a holder of its own
+        assert layers.volume_name(ids[1]) in str(big.mountpoint)
+        assert "No space left" not in _fill(client, ids[1])
+        layers._spares.settle()
+        (now,) = _spares(client, ws)  # the small spare went; one of the new cap waits
+        assert now["Id"] != small["Id"] and now["Labels"][layers.SPARE_LABEL].startswith(f"{32 * MiB}:")
+    finally:
+        for run_id in ids:
+            layers.release(client, run_id)
+        layers.drop_spares(client, ws)
+    assert _left(client, ws) == ([], [])
+
+
+def test_only_a_process_that_makes_spares_takes_them(engine: str, tmp_path: Path) -> None:
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    ids = [f"sr{os.getpid() % 10000}{i}" for i in range(2)]
+    try:
+        _hold(client, ids[0], ws)
+        layers._spares.settle()
+        (made,) = _spares(client, ws)
+        plain = _hold(client, ids[1], ws, spare=False)  # a CLI run: it never races the daemon for one
+        assert layers.volume_name(ids[1]) in str(plain.mountpoint)
+        assert [c["Id"] for c in _spares(client, ws)] == [made["Id"]]
+    finally:
+        for run_id in ids:
+            layers.release(client, run_id)
+        layers.drop_spares(client, ws)
+    assert _left(client, ws) == ([], [])
+
+
+def test_the_daemons_runs_take_spares_and_leave_none_when_it_closes(engine: str, tmp_path: Path) -> None:
+    """Through the service as the daemon keeps it (its keeper watching): runs on engine-held
+    layers (a remote engine; a user who is not root on the local one) propose what the agent
+    wrote, a spare waits between runs, and closing the service leaves nothing on the engine."""
+    from airlockd.runs import execution
+    from airlockd.runs.service import Service
+
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    (ws / "policies.toml").write_text('[agents.w]\ncommand = ["sh", "-c", "echo $RANDOM > out.txt"]\n')
+    subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)
+    svc = Service(ws)
+    if execution.held_upper(svc) is None:
+        svc.close()
+        pytest.skip("root on the local engine mounts its own capped upper layers: no holder to make ahead")
+    client = docker.from_env()
+    try:
+        assert svc.keep_mirrors() is None
+        recs = [svc.execute(svc.submit("w", "").id) for _ in range(3)]
+        assert [r.state.value for r in recs] == ["proposed"] * 3, [r.error for r in recs]
+        assert all([f.path for f in r.files] == ["out.txt"] for r in recs)
+        layers._spares.settle()
+        assert len(_spares(client, str(ws))) == 1
+    finally:
+        svc.close()
+    left = _left(client, str(ws))
+    assert not [n for n in left[0] if n.startswith((layers.SPARE_PREFIX, layers.HOLDER_PREFIX))], left
+    assert not [n for n in left[1] if n.startswith(layers.SPARE_PREFIX)], left

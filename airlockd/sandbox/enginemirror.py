@@ -17,7 +17,10 @@ sync:
   live run may have mounted) never changes (tests/integration/test_remote_engine.py checks it);
 - the changed and new nodes travel as one `tar` stream (GNU tar, read from the local generation,
   owners and modes kept) through `put_archive`; generations no longer here are removed there;
-- a sync cut short leaves the generation marked: the next one removes it and starts again.
+- a sync cut short leaves the generation marked (a small file beside the record, so the
+  record of 20,000 nodes is written once a sync, not twice): the next one removes it and starts
+  again. A process that syncs again keeps the record it wrote in memory, and reads it again only
+  when the file is not the one it wrote.
 
 A *keeper* container (`airlockd-mirror-<key>`: the runtime image, `sleep infinity`, runc, no
 network, read-only root, only CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER) holds the volume for
@@ -78,6 +81,11 @@ for rel in data.split(b'\0'):
     else:
         os.unlink(p)
 """
+
+
+#: state file -> ((inode, size, mtime) of the file as written, the record written): this
+#: process's last sync of each mirror
+_memo: dict[Path, tuple[tuple[int, int, int] | None, dict[str, Any] | None]] = {}
 
 
 def volume_name(key: str) -> str:
@@ -162,21 +170,48 @@ class EngineMirror:
         self.name = volume_name(self.key)
         self.labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
         self._state_file = mirror_root / "engine-mirror.json"
+        self._partial_file = mirror_root / "engine-mirror.partial"
         self.last = (0, 0)  # the last sync: (paths removed there, paths sent)
 
     # -- what the engine holds, as recorded here ---------------------------------------------
 
     def _load(self, nonce: str) -> dict[str, Any]:
-        try:
-            state = json.loads(self._state_file.read_bytes())
-        except (OSError, ValueError):
-            return {"nonce": nonce, "gens": {}}
+        """The record, with the generations a sync cut short marked partial. Taken out of the
+        memo: a sync that fails half way must not leave its changes there."""
+        state = _memo.pop(self._state_file, (None, None))[1] if self._memo_valid() else None
+        if state is None:
+            try:
+                state = json.loads(self._state_file.read_bytes())
+            except (OSError, ValueError):
+                state = None
         if not isinstance(state, dict) or state.get("nonce") != nonce or not isinstance(state.get("gens"), dict):
-            return {"nonce": nonce, "gens": {}}  # another volume (made again): nothing of it is known
+            state = {"nonce": nonce, "gens": {}}  # another volume (made again): nothing of it is known
+        try:
+            cut = json.loads(self._partial_file.read_bytes())
+        except (OSError, ValueError):
+            cut = None
+        if isinstance(cut, dict) and cut.get("nonce") == nonce and isinstance(cut.get("gens"), list):
+            for gen in cut["gens"]:
+                if isinstance(gen, str) and gen in state["gens"]:
+                    state["gens"][gen]["partial"] = True
         return state
+
+    def _memo_valid(self) -> bool:
+        try:
+            st = os.stat(self._state_file)
+        except OSError:
+            return False
+        return _memo.get(self._state_file, (None, None))[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _mark(self, nonce: str, gen: str) -> None:
+        """Record that `gen` there is about to change: until the record says it is whole again."""
+        atomic_write_bytes(self._partial_file, json.dumps({"nonce": nonce, "gens": [gen]}).encode())
 
     def _save(self, state: dict[str, Any]) -> None:
         atomic_write_bytes(self._state_file, json.dumps(state, separators=(",", ":")).encode())
+        self._partial_file.unlink(missing_ok=True)  # left by a crash here: one more full resend
+        st = os.stat(self._state_file)
+        _memo[self._state_file] = ((st.st_ino, st.st_size, st.st_mtime_ns), state)
 
     # -- the engine's side ---------------------------------------------------------------------
 
@@ -297,7 +332,7 @@ class EngineMirror:
                     default=None,
                 )
                 gens[gen] = {"partial": True, "nodes": {}}
-                self._save(state)
+                self._mark(nonce, gen)
                 script = f"rm -rf {MOUNT}/{gen} && " + (
                     f"cp -al {MOUNT}/{base} {MOUNT}/{gen}" if base else f"mkdir -m 0755 {MOUNT}/{gen}"
                 )
@@ -306,7 +341,7 @@ class EngineMirror:
             else:
                 have = entry["nodes"]
                 gens[gen] = {"partial": True, "nodes": {}}
-                self._save(state)
+                self._mark(nonce, gen)
             remove, send = plan(have, want)
             if remove:
                 self._remove(gen, remove)

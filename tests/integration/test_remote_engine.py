@@ -123,6 +123,17 @@ def test_the_mirror_travels_once_then_only_what_changed(second_engine: str, tmp_
         mirror.sync(g2)
         assert mirror.last[1] == sum(len(d) + len(f) for _, d, f in os.walk(g2))
         assert _there(client, mirror, "g2") == _sums(g2)
+        assert not (root / "engine-mirror.partial").exists()
+
+        # cut short as a sync marks it (the record itself untouched): made again, too
+        nonce = json.loads((root / "engine-mirror.json").read_text())["nonce"]
+        (root / "engine-mirror.partial").write_text(json.dumps({"nonce": nonce, "gens": ["g2"]}))
+        client.containers.get(mirror.name).exec_run(["sh", "-c", "rm -rf /mirror/g2/pkg1"])
+        mirror.sync(g2)
+        assert mirror.last[1] == sum(len(d) + len(f) for _, d, f in os.walk(g2))
+        assert _there(client, mirror, "g2") == _sums(g2)
+        mirror.sync(g2)
+        assert mirror.last == (0, 0)  # whole again, and remembered so
     finally:
         mirror.remove()
 

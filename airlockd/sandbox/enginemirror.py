@@ -39,6 +39,7 @@ import stat
 import subprocess
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -122,23 +123,58 @@ def mirror_key(mirror_root: Path) -> str:
     return fresh
 
 
+#: a directory changed this recently (ns) is read again at the next scan: a change made within
+#: the same clock tick as the scan would leave its ctime as the scan saw it
+RACY_NS = 2_000_000_000
+DirMemo = tuple[tuple[int, int], dict[str, Key], list[str]]  # (inode, ctime), its non-directories, its directories
+SCANS_KEPT = 2
+#: generation path -> what its last scan in this process found, per directory
+_scans: dict[str, dict[str, DirMemo]] = {}
+
+
 def scan(tree: Path) -> dict[str, Key]:
-    """Every node under `tree` (not the root) with its stat key; links never followed."""
+    """Every node under `tree` (not the root) with its stat key; links never followed.
+
+    The local mirror never changes a file or link in place (a change is a new node renamed in),
+    so a directory whose inode and ctime are as the last scan in this process saw them still has
+    the same files and links: they are taken from that scan, and only its directories are
+    `lstat`ed (a tenth of the nodes in a source tree). A directory changed within RACY_NS of a
+    scan is listed again by the next one."""
+    memo = _scans.get(str(tree), {})
+    fresh: dict[str, DirMemo] = {}
+    now = time.time_ns()
     out: dict[str, Key] = {}
-    stack: list[tuple[str, str]] = [(str(tree), "")]
+    stack: list[tuple[str, str, os.stat_result]] = [(str(tree), "", os.lstat(tree))]
     while stack:
-        path, rel = stack.pop()
-        with os.scandir(path) as it:
-            for de in it:
-                st = de.stat(follow_symlinks=False)
-                r = f"{rel}{de.name}"
-                if stat.S_ISDIR(st.st_mode):
-                    out[r] = ["d", st.st_mode, st.st_uid, st.st_gid]
-                    stack.append((de.path, r + "/"))
-                elif stat.S_ISLNK(st.st_mode):
-                    out[r] = ["l", st.st_mode, st.st_uid, st.st_gid, os.readlink(de.path)]
-                else:
-                    out[r] = ["f", st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ino]
+        path, rel, dst = stack.pop()
+        dkey = (dst.st_ino, dst.st_ctime_ns)
+        known = memo.get(rel)
+        if known is not None and known[0] == dkey:
+            files, subdirs = known[1], known[2]
+        else:
+            files, subdirs = {}, []
+            with os.scandir(path) as it:
+                for de in it:
+                    st = de.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirs.append(de.name)
+                    elif stat.S_ISLNK(st.st_mode):
+                        files[de.name] = ["l", st.st_mode, st.st_uid, st.st_gid, os.readlink(de.path)]
+                    else:
+                        files[de.name] = ["f", st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ino]
+        for name, key in files.items():
+            out[f"{rel}{name}"] = key
+        for name in subdirs:
+            sub = os.path.join(path, name)
+            st = os.lstat(sub)
+            out[f"{rel}{name}"] = ["d", st.st_mode, st.st_uid, st.st_gid]
+            stack.append((sub, f"{rel}{name}/", st))
+        if now - dst.st_ctime_ns > RACY_NS:
+            fresh[rel] = (dkey, files, subdirs)
+    _scans.pop(str(tree), None)
+    _scans[str(tree)] = fresh
+    for old in list(_scans)[:-SCANS_KEPT]:  # generations come and go: the newest are synced next
+        del _scans[old]
     return out
 
 

@@ -206,3 +206,90 @@ def test_a_mirror_is_named_on_the_engine_by_a_random_key_kept_beside_it(tmp_path
     assert mirror_key(b) != key
     (a / "engine-mirror.id").write_text("not a key\n")
     assert mirror_key(a) not in (key, "not a key")  # one that is not ours is replaced
+
+
+def _fresh_scan(tree: Path) -> dict[str, list[object]]:
+    from airlockd.sandbox import enginemirror
+
+    enginemirror._scans.pop(str(tree), None)
+    return scan(tree)
+
+
+def test_a_scan_that_trusts_unchanged_directories_sees_every_change_the_mirror_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mirror's ways of changing a generation (a file renamed over another, one removed, a
+    link made, a directory made, removed or given another mode, a directory replaced by a file)
+    are each seen by a scan that takes unchanged directories from the last one, which reads as
+    few entries as there are directories."""
+    from airlockd.sandbox import enginemirror
+
+    monkeypatch.setattr(enginemirror, "RACY_NS", 0)  # every directory trusted (a tick apart below)
+    g = _tree(tmp_path / "g1")
+    for i in range(30):
+        (g / "src" / f"m{i}.py").write_text(f"M = {i}\n")
+    time.sleep(0.02)
+    assert _fresh_scan(g) == scan(g)
+
+    def replace(path: Path, text: str) -> None:
+        tmp = path.with_name(".airlockd-tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    def remove(path: Path) -> None:
+        path.unlink()
+
+    def link(path: Path) -> None:
+        path.symlink_to("a.py")
+
+    def mkdir(path: Path) -> None:
+        path.mkdir()
+        (path / "x").write_text("x\n")
+
+    def chmod(path: Path) -> None:
+        path.chmod(0o700)
+
+    def rmtree(path: Path) -> None:
+        shutil.rmtree(path)
+
+    def dir_to_file(path: Path) -> None:
+        shutil.rmtree(path)
+        path.write_text("now a file\n")
+
+    steps = [  # (change, where, text, directories listed again: the changed ones, not the 3 there are)
+        (replace, g / "src" / "m3.py", "M = 'changed'\n", 1),
+        (remove, g / "src" / "m4.py", None, 1),
+        (link, g / "src" / "d" / "l", None, 1),
+        (mkdir, g / "src" / "d" / "new", None, 2),
+        (chmod, g / "src" / "d", None, 1),
+        (rmtree, g / "src" / "d" / "new", None, 1),
+        (dir_to_file, g / "src" / "d", None, 1),
+    ]
+    calls: list[int] = []
+    real = os.scandir
+
+    def counted(path: str) -> object:
+        calls.append(1)
+        return real(path)
+
+    for fn, path, arg, listed in steps:
+        before = scan(g)
+        time.sleep(0.02)  # a clock tick: the change gives its directory another ctime
+        fn(path, arg) if arg is not None else fn(path)  # type: ignore[operator]
+        calls.clear()
+        monkeypatch.setattr(os, "scandir", counted)
+        got = scan(g)
+        monkeypatch.setattr(os, "scandir", real)
+        assert got == _fresh_scan(g), fn.__name__
+        assert got != before, fn.__name__
+        assert len(calls) == listed, (fn.__name__, len(calls))
+
+
+def test_a_directory_changed_just_before_a_scan_is_listed_again_by_the_next(tmp_path: Path) -> None:
+    from airlockd.sandbox import enginemirror
+
+    g = _tree(tmp_path / "g1")
+    scan(g)
+    assert "src" not in enginemirror._scans[str(g)]  # changed within RACY_NS: not trusted
+    (g / "src" / "a.py").unlink()
+    assert "src/a.py" not in scan(g)

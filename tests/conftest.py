@@ -100,13 +100,14 @@ _ENGINE_MODULES = {
     "test_daemon_nonroot",
 }
 #: the smaller set that runs once more through Podman's Docker API: containment, limits, the
-#: gateway, a user who is not root (daemon, secrets absent, re-attach, doctor), and spare holders
+#: gateway, a user who is not root (daemon, secrets absent, re-attach, doctor), spare holders and the holder's service
 _PODMAN_MODULES = {
     "test_containment",
     "test_limits",
     "test_gateway_route",
     "test_daemon_nonroot",
     "test_spare_holders",
+    "test_holder_service",
 }
 ENGINES = ("local", "remote", "podman")
 

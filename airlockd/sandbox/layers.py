@@ -54,7 +54,7 @@ from typing import Any
 import docker.errors
 
 from airlockd.errors import EngineError
-from airlockd.sandbox import enginepaths, relay
+from airlockd.sandbox import enginepaths, holdservice, relay
 from airlockd.sandbox.enginemirror import EngineMirror
 from airlockd.sandbox.volumes import OWNER_LABEL
 from airlockd.staging import upperdump
@@ -158,6 +158,7 @@ def hold(
         except EngineError:
             release(client, run_id)
             raise
+        threading.Thread(target=holdservice.open_for, args=(client, name, MOUNT), daemon=True).start()
     if spare:
         _spares.make(client, image, size_bytes, inodes, owner, mode, labels)
     return held
@@ -227,6 +228,7 @@ def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> H
                 continue  # taken by a run already, or ended
             try:
                 client.api.rename(c["Id"], holder_name(run_id))
+                holdservice.rename(client, names[0], holder_name(run_id))
                 mounts = client.api.inspect_container(c["Id"]).get("Mounts") or []
             except docker.errors.DockerException as exc:
                 log.warning("spare holder %s not taken: %s", names, exc)
@@ -280,6 +282,7 @@ class _Spares:
                 try:
                     _make(client, name, name, image, size_bytes, inodes, {**labels, SPARE_LABEL: key})
                     _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
+                    holdservice.open_for(client, name, MOUNT)
                 except EngineError as exc:
                     log.warning("no spare holder made ahead: %s", exc.message)
                     _remove(client, name, name)
@@ -314,6 +317,7 @@ def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
                 continue
             with contextlib.suppress(docker.errors.NotFound):
                 client.api.remove_container(name, force=True)
+            holdservice.drop(client, name)
         dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
         for v in (dangling or {}).get("Volumes") or []:
             with contextlib.suppress(docker.errors.NotFound):
@@ -403,9 +407,27 @@ def _exec(client: Any, holder: str, argv: list[str]) -> Iterator[bytes]:
 
 def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
     """The tree `name` of the capped filesystem (the upper layer, or the agent's home) as
-    `upperdump.read_dump` reads it. Closing the iterator early (a bound was met) leaves the
-    program to end when the holder goes."""
-    return _exec(client, holder_name(held.run_id), ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
+    `upperdump.read_dump` reads it: from the holder's service (sandbox/holdservice.py), else by
+    an exec. Closing the iterator early (a bound was met) leaves the program to end when the
+    holder goes."""
+    holder = holder_name(held.run_id)
+    service = holdservice.get(client, holder)
+    if service is not None:
+        stream = service.dump(f"{MOUNT}/{name}", OPAQUE)
+        try:
+            first = next(stream, None)
+        except holdservice.Broken as exc:
+            log.info("%s: read by an exec", exc)
+        else:
+            if first is None:
+                return
+            yield first
+            try:
+                yield from stream
+            except holdservice.Broken as exc:
+                raise EngineError(f"reading the upper layer in {holder} failed: {exc}") from None
+            return
+    yield from _exec(client, holder, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
 
 
 def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
@@ -435,11 +457,19 @@ def _statvfs(client: Any, holder: str) -> tuple[int, int, int]:
     """(size, bytes in use, inodes in use) of the holder's capped filesystem, as its kernel counts
     them: `stat -f` (statvfs(2)), which starts in a few milliseconds where python3 takes tens, at
     every run's end."""
-    out = b"".join(_exec(client, holder, ["stat", "-f", "-c", "%b %f %S %c %d", MOUNT]))
+    service = holdservice.get(client, holder)
     try:
-        blocks, free, frsize, files, ffree = (int(x) for x in out.split())
-    except ValueError:
-        raise EngineError(f"the size of the capped filesystem in {holder} could not be read: {out[:200]!r}") from None
+        if service is None:
+            raise holdservice.Broken("no service")
+        blocks, free, frsize, files, ffree = service.statvfs()
+    except holdservice.Broken:
+        out = b"".join(_exec(client, holder, ["stat", "-f", "-c", "%b %f %S %c %d", MOUNT]))
+        try:
+            blocks, free, frsize, files, ffree = (int(x) for x in out.split())
+        except ValueError:
+            raise EngineError(
+                f"the size of the capped filesystem in {holder} could not be read: {out[:200]!r}"
+            ) from None
     return blocks * frsize, (blocks - free) * frsize, files - ffree
 
 
@@ -484,6 +514,7 @@ def _remove(client: Any, holder: str | None, vol: str) -> None:
     is already gone is no error, and what the engine refuses is logged."""
     steps = [("capped volume", lambda: client.api.remove_volume(vol, force=True))]
     if holder is not None:
+        holdservice.drop(client, holder)
         steps.insert(0, ("holder", lambda: client.api.remove_container(holder, force=True)))
     for what, remove in steps:
         try:

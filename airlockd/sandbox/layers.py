@@ -152,7 +152,9 @@ def hold(
     held = _take_spare(client, run_id, key, labels) if spare else None
     if held is None:
         name, vol = holder_name(run_id), volume_name(run_id)
-        held = HeldLayers(run_id, _make(client, name, vol, image, size_bytes, inodes, {**labels, HELD_LABEL: run_id}))
+        held = HeldLayers(
+            run_id, _make(client, name, vol, image, size_bytes, inodes, {**labels, HELD_LABEL: run_id})[0]
+        )
         try:
             _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
         except EngineError:
@@ -166,8 +168,9 @@ def hold(
 
 def _make(
     client: Any, name: str, vol: str, image: str, size_bytes: int, inodes: int, labels: dict[str, str]
-) -> PurePosixPath:
-    """The capped volume `vol` held mounted by the holder `name`; its mount point."""
+) -> tuple[PurePosixPath, str]:
+    """The capped volume `vol` held mounted by the holder `name`; its mount point and the
+    holder's id."""
     opts = f"{size_option(client, max(size_bytes, 1 << 20))},nr_inodes={inodes},mode=0755"
 
     def drop() -> None:
@@ -177,7 +180,7 @@ def _make(
         client.volumes.create(
             name=vol, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts}, labels=labels
         )
-        client.containers.run(
+        holder = client.containers.run(
             image,
             ["sleep", "infinity"],
             name=name,
@@ -208,7 +211,7 @@ def _make(
                 f" pages are not {PAGE} bytes",
                 hint="run agents on an engine whose host has 4 KiB pages, or on Docker (docs/engines.md, Podman)",
             )
-    return mountpoint
+    return mountpoint, str(holder.id)
 
 
 def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> HeldLayers | None:
@@ -226,6 +229,9 @@ def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> H
             names = [n.lstrip("/") for n in c.get("Names") or []]
             if not any(n.startswith(SPARE_PREFIX) for n in names) or c.get("State") != "running":
                 continue  # taken by a run already, or ended
+            if (str(client.api.base_url), c["Id"]) not in _spares.made:
+                continue  # not made by this process
+            _spares.made.discard((str(client.api.base_url), c["Id"]))
             try:
                 client.api.rename(c["Id"], holder_name(run_id))
                 holdservice.rename(client, names[0], holder_name(run_id))
@@ -241,11 +247,15 @@ def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> H
 
 
 class _Spares:
-    """The spares this process is making (one at a time per engine, workspace and cap)."""
+    """The spares this process is making (one at a time per engine, workspace and cap), and
+    those it made and no run took yet: the only ones it takes. A container on the engine that
+    only looks like one (the labels and the name prefix; on an engine others share, anyone may
+    make one) is never taken: what its volume held would be shown as the agent's work."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._making: dict[tuple[str, str, str], threading.Event] = {}
+        self.made: set[tuple[str, str]] = set()  # (engine, container id)
 
     def wait(self, client: Any, key: str, workspace: str) -> None:
         with self.lock:
@@ -280,9 +290,11 @@ class _Spares:
                     return  # one of this cap is waiting already
                 name = f"{SPARE_PREFIX}{secrets.token_hex(6)}"
                 try:
-                    _make(client, name, name, image, size_bytes, inodes, {**labels, SPARE_LABEL: key})
+                    cid = _make(client, name, name, image, size_bytes, inodes, {**labels, SPARE_LABEL: key})[1]
                     _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
                     holdservice.open_for(client, name, MOUNT)
+                    with self.lock:
+                        self.made.add((str(client.api.base_url), cid))
                 except EngineError as exc:
                     log.warning("no spare holder made ahead: %s", exc.message)
                     _remove(client, name, name)

@@ -173,3 +173,30 @@ def test_the_daemons_runs_take_spares_and_leave_none_when_it_closes(engine: str,
     left = _left(client, str(ws))
     assert not [n for n in left[0] if n.startswith((layers.SPARE_PREFIX, layers.HOLDER_PREFIX))], left
     assert not [n for n in left[1] if n.startswith(layers.SPARE_PREFIX)], left
+
+
+def test_a_look_alike_another_made_is_never_taken(engine: str, tmp_path: Path) -> None:
+    """On an engine others share, anyone may make a container with a spare's labels and name:
+    what its volume held would be shown as the agent's work. Only spares this process made are
+    taken."""
+    from airlockd.sandbox.volumes import OWNER_LABEL
+
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    run_id = f"st{os.getpid() % 10000}0"
+    key = layers.spare_key(8 * MiB, layers.round_inodes(1000), (os.getuid(), os.getgid()), 0o755)
+    labels = {layers.SPARE_LABEL: key, layers.WORKSPACE_LABEL: ws, layers.ROLE_LABEL: layers.ROLE, OWNER_LABEL: "1"}
+    fake = client.containers.run(
+        image_tag(), ["sleep", "infinity"], name=f"{layers.SPARE_PREFIX}fake{os.getpid()}", detach=True,
+        labels=labels, network_mode="none",
+    )  # fmt: skip
+    try:
+        held = _hold(client, run_id, ws)
+        assert layers.volume_name(run_id) in str(held.mountpoint)  # a holder of its own
+        fake.reload()
+        assert fake.name == f"{layers.SPARE_PREFIX}fake{os.getpid()}" and fake.status == "running"
+    finally:
+        fake.remove(force=True)
+        layers.release(client, run_id)
+        layers.drop_spares(client, ws)
+    assert _left(client, ws) == ([], [])

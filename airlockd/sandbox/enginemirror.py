@@ -240,8 +240,16 @@ class EngineMirror:
         return _memo.get(self._state_file, (None, None))[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _mark(self, nonce: str, gen: str) -> None:
-        """Record that `gen` there is about to change: until the record says it is whole again."""
-        atomic_write_bytes(self._partial_file, json.dumps({"nonce": nonce, "gens": [gen]}).encode())
+        """Record that `gen` there is about to change, with those a sync cut short left marked
+        (the record says them whole until it is written again)."""
+        try:
+            cut = json.loads(self._partial_file.read_bytes())
+        except (OSError, ValueError):
+            cut = None
+        gens = [gen]
+        if isinstance(cut, dict) and cut.get("nonce") == nonce and isinstance(cut.get("gens"), list):
+            gens += [g for g in cut["gens"] if isinstance(g, str) and g != gen]
+        atomic_write_bytes(self._partial_file, json.dumps({"nonce": nonce, "gens": gens}).encode())
 
     def _save(self, state: dict[str, Any]) -> None:
         atomic_write_bytes(self._state_file, json.dumps(state, separators=(",", ":")).encode())

@@ -97,8 +97,8 @@ def holder_run(name: str, labels: dict[str, str]) -> str:
     return ""
 
 
-def spare_key(size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> str:
-    return f"{size_bytes}:{inodes}:{owner[0]}:{owner[1]}:{mode:o}"
+def spare_key(size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, image: str) -> str:
+    return f"{size_bytes}:{inodes}:{owner[0]}:{owner[1]}:{mode:o}:{image}"
 
 
 def round_inodes(inodes: int) -> int:
@@ -148,7 +148,7 @@ def hold(
     _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
     release(client, run_id)
     inodes = round_inodes(inodes)
-    key = spare_key(size_bytes, inodes, owner, mode)
+    key = spare_key(size_bytes, inodes, owner, mode, image)
     held = _take_spare(client, run_id, key, labels) if spare else None
     if held is None:
         name, vol = holder_name(run_id), volume_name(run_id)
@@ -198,10 +198,19 @@ def _make(
             labels=labels,
             volumes={vol: {"bind": MOUNT, "mode": "rw"}},
         )
-        mountpoint = PurePosixPath(client.api.inspect_volume(vol)["Mountpoint"])
+        made = client.api.inspect_volume(vol)
+        mountpoint = PurePosixPath(made["Mountpoint"])
     except docker.errors.DockerException as exc:
         drop()
         raise _engine(f"to hold a capped upper layer ({name})", exc) from None
+    if (made.get("Options") or {}).get("type") != "tmpfs" or not (made.get("Labels") or {}).get(OWNER_LABEL):
+        # removed between its creation and the holder's, the engine makes the named volume
+        # again for the holder: a plain directory on its disk, with no cap
+        drop()
+        raise EngineError(
+            f"the engine gave the holder {name} a volume that is not the capped tmpfs asked for",
+            hint="start the run again; if it happens again, look for what removes airlockd's volumes",
+        )
     if enginepaths.kind(client) == enginepaths.PODMAN:  # the cap was said in pages of an assumed size
         size = _statvfs(client, name)[0]
         if size > max(size_bytes, 1 << 20) + PAGE:
@@ -277,7 +286,7 @@ class _Spares:
         """Start making the next spare of this cap in the background (none when one is being
         made); the workspace's spares of another cap go."""
         workspace = labels.get(WORKSPACE_LABEL, "")
-        key = spare_key(size_bytes, inodes, owner, mode)
+        key = spare_key(size_bytes, inodes, owner, mode, image)
         slot = (client.api.base_url, workspace, key)
         with self.lock:
             if slot in self._making:
@@ -312,7 +321,8 @@ _spares = _Spares()
 def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
     """Remove the workspace's spares not yet taken by a run: all, or all but one running of cap
     `keep` (True when one was kept). Each goes by its spare's name, so one a run has just taken
-    (renamed) is never removed; the volumes of spares whose holder is gone go too."""
+    (renamed) is never removed. With all going (none is being made then: a volume is dangling
+    for a moment while its holder is made), the volumes of spares whose holder is gone go too."""
     if keep is None:
         _spares.settle()
     ws = f"{WORKSPACE_LABEL}={workspace}"
@@ -330,10 +340,11 @@ def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
             with contextlib.suppress(docker.errors.NotFound):
                 client.api.remove_container(name, force=True)
             holdservice.drop(client, name)
-        dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
-        for v in (dangling or {}).get("Volumes") or []:
-            with contextlib.suppress(docker.errors.NotFound):
-                client.api.remove_volume(v["Name"], force=True)
+        if keep is None:  # none is being made now: a volume alone was left by a spare cut short
+            dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
+            for v in (dangling or {}).get("Volumes") or []:
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_volume(v["Name"], force=True)
     except docker.errors.DockerException as exc:
         log.warning("cannot remove the spare holders: %s", exc)
     return kept

@@ -184,7 +184,7 @@ def test_a_look_alike_another_made_is_never_taken(engine: str, tmp_path: Path) -
     client = docker.from_env()
     ws = str(tmp_path / "ws")
     run_id = f"st{os.getpid() % 10000}0"
-    key = layers.spare_key(8 * MiB, layers.round_inodes(1000), (os.getuid(), os.getgid()), 0o755)
+    key = layers.spare_key(8 * MiB, layers.round_inodes(1000), (os.getuid(), os.getgid()), 0o755, image_tag())
     labels = {layers.SPARE_LABEL: key, layers.WORKSPACE_LABEL: ws, layers.ROLE_LABEL: layers.ROLE, OWNER_LABEL: "1"}
     fake = client.containers.run(
         image_tag(), ["sleep", "infinity"], name=f"{layers.SPARE_PREFIX}fake{os.getpid()}", detach=True,
@@ -200,3 +200,36 @@ def test_a_look_alike_another_made_is_never_taken(engine: str, tmp_path: Path) -
         layers.release(client, run_id)
         layers.drop_spares(client, ws)
     assert _left(client, ws) == ([], [])
+
+
+def test_a_volume_the_engine_made_again_without_its_cap_is_refused(
+    engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capped volume removed between its creation and its holder's (a cleanup racing it: the
+    attack review found one) is made again by the engine for the holder as a plain directory on
+    its disk, with no cap: the holder is refused, and nothing of it stays."""
+    from docker.models.volumes import VolumeCollection
+
+    from airlockd.errors import EngineError
+
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    run_id = f"su{os.getpid() % 10000}0"
+    create = VolumeCollection.create
+
+    def racing(self: VolumeCollection, name: str | None = None, **kw: Any) -> Any:
+        made = create(self, name=name, **kw)
+        self.client.api.remove_volume(name, force=True)
+        return made
+
+    monkeypatch.setattr(VolumeCollection, "create", racing)
+    try:
+        with pytest.raises(EngineError, match="not the capped tmpfs"):
+            _hold(client, run_id, ws, spare=False)
+    finally:
+        monkeypatch.undo()
+        layers.release(client, run_id)
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_volume(layers.volume_name(run_id))
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_container(layers.holder_name(run_id))

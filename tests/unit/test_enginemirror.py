@@ -293,3 +293,23 @@ def test_a_directory_changed_just_before_a_scan_is_listed_again_by_the_next(tmp_
     assert "src" not in enginemirror._scans[str(g)]  # changed within RACY_NS: not trusted
     (g / "src" / "a.py").unlink()
     assert "src/a.py" not in scan(g)
+
+
+def test_a_sync_cut_short_stays_marked_when_the_next_is_cut_short_too(tmp_path: Path) -> None:
+    """Each sync marks the generation it changes, keeping the marks of syncs cut short before it
+    (the record says those whole until it is written again)."""
+    import json
+
+    from airlockd.sandbox.enginemirror import EngineMirror
+
+    mirror = EngineMirror(None, "image", tmp_path)
+    mirror._save({"nonce": "n1", "gens": {"g5": {"nodes": {}}, "g6": {"nodes": {}}, "g7": {"nodes": {}}}})
+    mirror._mark("n1", "g5")  # sync A of g5 dies
+    mirror._mark("n1", "g6")  # sync B of g6 dies
+    state = mirror._load("n1")
+    assert {g for g, e in state["gens"].items() if e.get("partial")} == {"g5", "g6"}
+    assert not mirror._load("n2")["gens"]  # another volume: nothing of it is known
+    mirror._save(state)  # a sync that ends writes the marks into the record
+    assert not (tmp_path / "engine-mirror.partial").exists()
+    on_disk = json.loads((tmp_path / "engine-mirror.json").read_text())
+    assert {g for g, e in on_disk["gens"].items() if e.get("partial")} == {"g5", "g6"}

@@ -340,6 +340,7 @@ def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
             with contextlib.suppress(docker.errors.NotFound):
                 client.api.remove_container(name, force=True)
             holdservice.drop(client, name)
+            _spares.made.discard((str(client.api.base_url), c["Id"]))
         if keep is None:  # none is being made now: a volume alone was left by a spare cut short
             dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
             for v in (dangling or {}).get("Volumes") or []:

@@ -158,7 +158,15 @@ def _unheld_volumes(client: Any, ws: Path) -> list[str]:
     made ahead is unheld for a moment)."""
     filters = {"label": [f"airlockd.workspace={ws}", "airlockd.role=upper-holder"], "dangling": True}
     deadline = time.monotonic() + 10
-    while (left := [v.name for v in client.volumes.list(filters=filters)]) and time.monotonic() < deadline:
+
+    def unheld() -> list[str]:
+        return [
+            v.name
+            for v in client.volumes.list(filters=filters)
+            if v.name.startswith(("airlockd-up-", "airlockd-spare-"))
+        ]
+
+    while (left := unheld()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 

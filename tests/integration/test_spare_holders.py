@@ -15,7 +15,7 @@ from typing import Any
 import docker
 import pytest
 
-from airlockd.sandbox import layers
+from airlockd.sandbox import enginepaths, layers
 from airlockd.sandbox.docker import DockerSandbox
 from airlockd.sandbox.image import image_tag
 
@@ -188,7 +188,7 @@ def test_a_look_alike_another_made_is_never_taken(engine: str, tmp_path: Path) -
     labels = {layers.SPARE_LABEL: key, layers.WORKSPACE_LABEL: ws, layers.ROLE_LABEL: layers.ROLE, OWNER_LABEL: "1"}
     fake = client.containers.run(
         image_tag(), ["sleep", "infinity"], name=f"{layers.SPARE_PREFIX}fake{os.getpid()}", detach=True,
-        labels=labels, network_mode="none",
+        labels=labels, network_mode="none", ulimits=enginepaths.ulimits(client),
     )  # fmt: skip
     try:
         held = _hold(client, run_id, ws)

@@ -186,7 +186,12 @@ def plan(have: dict[str, Key], want: dict[str, Key]) -> tuple[list[str], list[st
     removed = set(remove)
     # under a removed directory nothing needs removing on its own; a parent goes before its children
     remove = sorted(r for r in remove if not any(p in removed for p in _parents(r)))
-    send = [r for r, k in want.items() if have.get(r) != k or r in removed or any(p in removed for p in _parents(r))]
+    if removed:
+        send = [
+            r for r, k in want.items() if have.get(r) != k or r in removed or any(p in removed for p in _parents(r))
+        ]
+    else:  # nothing went: what differs is all (a path a time, not its every parent)
+        send = [r for r, k in want.items() if have.get(r) != k]
     send.sort()
     return remove, send
 

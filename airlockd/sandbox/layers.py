@@ -28,10 +28,11 @@ found again (re-attach, sweep) by its id.
 
 **Spares.** Making a holder (the volume, the container started, the layout put) costs about
 0.2 s, a third of a no-op run. A process that serves many runs (the daemon) asks `hold` with
-`spare`: a holder made ahead for the same workspace and the same cap (size, inodes, owner and mode
-of `upper/`) is then taken by renaming its container after the run (its volume keeps its own
+`spare`: a holder made ahead by this process for the same workspace and the same cap (size,
+inodes, owner and mode of `upper/`, image) is then taken by renaming its container after the run (its volume keeps its own
 name: `find` and `release` read it from the holder's mounts, and `holder_run` gives the run of a
-renamed spare for the sweep), and the next spare is made at once, off the run's path. Only the
+renamed spare for the sweep); the next spare is made when the run's holder is released (its upper
+layer read back), while the proposal is reviewed, off every run's path. Only the
 process that makes spares takes them, and it drops them when it closes (`drop_spares`); a daemon
 that starts drops those a dead one left. An unused spare is an empty tmpfs and a `sleep`.
 """
@@ -161,8 +162,9 @@ def hold(
             release(client, run_id)
             raise
         threading.Thread(target=holdservice.open_for, args=(client, name, MOUNT), daemon=True).start()
-    if spare:
-        _spares.make(client, image, size_bytes, inodes, owner, mode, labels)
+    if spare:  # the next is made when this run lets go of its own: while it is reviewed
+        with _spares.lock:
+            _spares.next[(str(client.api.base_url), run_id)] = (image, size_bytes, inodes, owner, mode, labels)
     return held
 
 
@@ -265,6 +267,8 @@ class _Spares:
         self.lock = threading.Lock()
         self._making: dict[tuple[str, str, str], threading.Event] = {}
         self.made: set[tuple[str, str]] = set()  # (engine, container id)
+        #: (engine, run id) -> the cap of the spare to make when that run's holder goes
+        self.next: dict[tuple[str, str], tuple[str, int, int, tuple[int, int], int, dict[str, str]]] = {}
 
     def wait(self, client: Any, key: str, workspace: str) -> None:
         with self.lock:
@@ -531,6 +535,10 @@ def release(client: Any, run_id: str) -> None:
     _remove(client, holder_name(run_id), vol)
     if vol != volume_name(run_id):
         _remove(client, None, volume_name(run_id))
+    with _spares.lock:
+        ahead = _spares.next.pop((str(client.api.base_url), run_id), None)
+    if ahead is not None:
+        _spares.make(client, *ahead)
 
 
 def _remove(client: Any, holder: str | None, vol: str) -> None:

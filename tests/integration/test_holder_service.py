@@ -116,7 +116,9 @@ def test_a_spares_service_goes_on_under_the_runs_name(engine: str, tmp_path: Pat
                 client, run_id, image=image_tag(), size_bytes=8 << 20, inodes=1000, owner=me, mode=0o755,
                 labels={layers.WORKSPACE_LABEL: ws}, spare=True,
             )  # fmt: skip
-            layers._spares.settle()
+            if run_id == ids[0]:
+                layers.release(client, run_id)  # the spare is made now
+                layers._spares.settle()
         taken = layers.holder_name(ids[1])
         assert client.api.inspect_container(taken)["Config"]["Labels"].get(layers.SPARE_LABEL)
         service = holdservice.get(client, taken)

@@ -117,8 +117,8 @@ def read_back(svc: Service, rec: RunRecord, base: Base, bounds: ChangeBounds) ->
         raise StagingError(f"run {rec.id}'s upper layer is held by an engine this process cannot reach")
     try:
         stagers.read_back(run_dir, held.dump(rec.id), base, bounds)
-    finally:
-        held.release(rec.id)
+    finally:  # the daemon's goes off the proposal's path (its spares wait for it at close)
+        held.release(rec.id, later=svc.keeper is not None)
 
 
 def _classify_summary(svc: Service, rec: RunRecord, rest: Mapping[tuple[str, str], int]) -> None:

@@ -29,12 +29,14 @@ found again (re-attach, sweep) by its id.
 **Spares.** Making a holder (the volume, the container started, the layout put) costs about
 0.2 s, a third of a no-op run. A process that serves many runs (the daemon) asks `hold` with
 `spare`: a holder made ahead by this process for the same workspace and the same cap (size,
-inodes, owner and mode of `upper/`, image) is then taken by renaming its container after the run (its volume keeps its own
-name: `find` and `release` read it from the holder's mounts, and `holder_run` gives the run of a
-renamed spare for the sweep); the next spare is made when the run's holder is released (its upper
-layer read back), while the proposal is reviewed, off every run's path. Only the
-process that makes spares takes them, and it drops them when it closes (`drop_spares`); a daemon
-that starts drops those a dead one left. An unused spare is an empty tmpfs and a `sleep`.
+inodes, owner and mode of `upper/`, image) is then taken by renaming its container after the run
+(its volume keeps its own name: `find` and `release` read it from the holder's mounts, and
+`holder_run` gives the run of a renamed spare for the sweep). The next spare is made when the
+run's holder is released (its upper layer read back), while the proposal is reviewed; the daemon
+releases it off the proposal's path too (`release(later=True)`). Only the process that makes
+spares takes them, and it drops them when it closes (`drop_spares`, which first waits for what it
+is still releasing and making); a daemon that starts drops those a dead one left. An unused
+spare is an empty tmpfs and a `sleep`.
 """
 
 from __future__ import annotations
@@ -322,12 +324,46 @@ class _Spares:
 _spares = _Spares()
 
 
+class _Later:
+    """Holders let go of off the run's path (its upper layer read back: nothing of the holder is
+    needed any more), each in a thread of its own; `settle` waits for them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[threading.Thread] = set()
+
+    def submit(self, client: Any, run_id: str) -> None:
+        def work() -> None:
+            try:
+                release(client, run_id)
+            except Exception:
+                log.exception("the holder of run %s was not let go of", run_id)
+            finally:
+                with self._lock:
+                    self._pending.discard(threading.current_thread())
+
+        thread = threading.Thread(target=work, name=f"airlockd-release-{run_id}", daemon=True)
+        with self._lock:
+            self._pending.add(thread)
+        thread.start()
+
+    def settle(self, timeout: float = 60.0) -> None:
+        with self._lock:
+            pending = list(self._pending)
+        for thread in pending:
+            thread.join(timeout)
+
+
+_later = _Later()
+
+
 def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
     """Remove the workspace's spares not yet taken by a run: all, or all but one running of cap
     `keep` (True when one was kept). Each goes by its spare's name, so one a run has just taken
     (renamed) is never removed. With all going (none is being made then: a volume is dangling
     for a moment while its holder is made), the volumes of spares whose holder is gone go too."""
     if keep is None:
+        _later.settle()  # a release makes the next spare
         _spares.settle()
     ws = f"{WORKSPACE_LABEL}={workspace}"
     kept = False
@@ -615,6 +651,9 @@ class EngineUpper:
     def put(self, run_id: str, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
         put_tree(self.client, self._held(run_id), name, src, owner)
 
-    def release(self, run_id: str) -> None:
+    def release(self, run_id: str, later: bool = False) -> None:
         relay.stop(run_id)
-        release(self.client, run_id)
+        if later:
+            _later.submit(self.client, run_id)
+        else:
+            release(self.client, run_id)

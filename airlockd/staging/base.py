@@ -55,7 +55,8 @@ class HeldUpper(Protocol):
         ...
 
     def drop_spares(self) -> None:
-        """Remove the spares made ahead for this workspace that no run took."""
+        """Remove the spares made ahead for this workspace that no run took (once what is being
+        released and made has settled)."""
         ...
 
     def place(self, run_id: str, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
@@ -81,8 +82,10 @@ class HeldUpper(Protocol):
         or every node given to `owner`)."""
         ...
 
-    def release(self, run_id: str) -> None:
-        """Remove the capped filesystem and all it holds; no-op when it is gone."""
+    def release(self, run_id: str, later: bool = False) -> None:
+        """Remove the capped filesystem and all it holds; no-op when it is gone. With `later`
+        (the daemon, once the upper layer is read back) it goes off the run's path, and is gone
+        when `drop_spares` returns."""
         ...
 
 

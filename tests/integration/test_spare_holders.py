@@ -171,6 +171,10 @@ def test_the_daemons_runs_take_spares_and_leave_none_when_it_closes(engine: str,
         recs = [svc.execute(svc.submit("w", "").id) for _ in range(3)]
         assert [r.state.value for r in recs] == ["proposed"] * 3, [r.error for r in recs]
         assert all([f.path for f in r.files] == ["out.txt"] for r in recs)
+        layers._later.settle()  # each holder was let go of off the proposal's path
+        for r in recs:
+            with pytest.raises(docker.errors.NotFound):
+                client.api.inspect_container(layers.holder_name(r.id))
         layers._spares.settle()
         assert len(_spares(client, str(ws))) == 1
     finally:

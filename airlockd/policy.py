@@ -15,7 +15,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -73,11 +73,21 @@ def _check_patterns(patterns: list[str]) -> list[str]:
     for p in patterns:
         if not p.strip():
             raise ValueError("empty pattern; remove it")
-        try:
-            gitignore_spec([p])
-        except Exception as exc:  # pathspec raises several types for a bad pattern
-            raise ValueError(f"{p!r} is not a gitignore-style pattern: {exc}") from exc
+        if (why := _pattern_error(p)) is not None:
+            raise ValueError(f"{p!r} is not a gitignore-style pattern: {why}")
     return patterns
+
+
+@lru_cache(maxsize=8192)
+def _pattern_error(pattern: str) -> str | None:
+    """Why pathspec refuses `pattern`, or None. Kept per pattern: a policy has hundreds (the
+    default withhold list), and a run's process forked by the launcher, which loaded the policy
+    once, then checks them for nothing (runs/launcher.py)."""
+    try:
+        gitignore_spec([pattern])
+    except Exception as exc:  # pathspec raises several types for a bad pattern
+        return str(exc)
+    return None
 
 
 Patterns = Annotated[list[str], AfterValidator(_check_patterns)]

@@ -22,7 +22,7 @@ from airlockd.lsp.server import AirlockServer
 from airlockd.protocol import ProgressEvent, RunDone, RunEvent, RunStatusEvent
 from airlockd.protocol import RunProgress as ProgressNote
 from airlockd.records import FileState, RunRecord, RunState
-from airlockd.runs import carrier, execution, launcher
+from airlockd.runs import ahead, carrier, execution, launcher
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,10 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         await ls.call(execution.prepare_view, svc, run_id)
     except Exception:  # the run's own process refreshes it then, and records what fails
         log.exception("run %s: the mirror could not be prepared; the run walks the workspace", run_id)
+    try:  # a holder of its capped upper layer, made ahead (none: the run's process makes one)
+        await ls.call(ahead.reserve, svc, run_id)
+    except Exception:
+        log.exception("run %s: no spare holder set aside", run_id)
     argv = launcher.argv_for(svc.workspace, run_id)
     proc: Any = await ls.launcher.spawn(argv) if ls.launcher is not None else None  # forked: no start-up
     if proc is None:
@@ -178,6 +182,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         code = await proc.wait()
     finally:
         ls.run_processes.pop(run_id, None)
+        ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
     tail = await errors
     rec = await ls.call(svc.store.get_run, run_id)
     progress.end(rec.state.value)
@@ -190,6 +195,13 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         )
     if rec.state is not RunState.PROPOSED:  # proposed was pushed when the state changed
         ls.spawn(status.push_proposal(ls, run_id), name=f"proposal {run_id}")
+
+
+async def _spare_after(ls: AirlockServer, run_id: str) -> None:
+    try:
+        await ls.call(ahead.after, ls.service, run_id)
+    except Exception:  # the next run's process makes its own holder
+        log.exception("run %s: no spare holder made for the next run", run_id)
 
 
 async def _drain_stderr(proc: asyncio.subprocess.Process, run_id: str) -> str:

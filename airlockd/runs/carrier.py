@@ -12,6 +12,7 @@ them to the editor) and nothing else is written there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -47,7 +48,10 @@ def carry(
     else:
         svc = Service(workspace, actor="cli").recover()
     if not events:
-        return svc.resume(run_id) if resume else svc.execute(run_id)
+        try:
+            return svc.resume(run_id) if resume else svc.execute(run_id)
+        finally:
+            svc.close()
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but event lines may reach the daemon's pipe
     heard = [True]
@@ -65,7 +69,13 @@ def carry(
         send(RunEvent(ProgressEvent(type="progress", stage=RunState(stage), message=svc.redactor.text(message))))
 
     svc.subscribe(lambda event, payload: send(RunEvent.of_service(event, payload)))
-    svc.resume(run_id, progress) if resume else svc.execute(run_id, progress)
+    try:
+        svc.resume(run_id, progress) if resume else svc.execute(run_id, progress)
+    finally:
+        heard[0] = False
+        with contextlib.suppress(OSError, ValueError):
+            out.close()  # said all: the daemon tells its clients now, while the holder is let go of
+        svc.close()
     return None
 
 

@@ -82,6 +82,7 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
             run_id=rec.id,
             held=held,
             spare=svc.keeper is not None,
+            claimed=claimed_spare(svc, rec.id),
         )
     )
     result = staged.result
@@ -129,6 +130,13 @@ def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     return held
 
 
+def settle(svc: Service) -> None:
+    """Wait for the engine's holders this process lets go of off the runs' path."""
+    held = held_upper(svc)
+    if held is not None:
+        held.settle()
+
+
 def uses_mirror(svc: Service) -> bool:
     """Whether the next runs are staged from the workspace's mirror (the overlay stager)."""
     return stagers.choose(svc.state.root, held_upper(svc)).uses_mirror
@@ -147,6 +155,19 @@ def used_bytes(svc: Service, rec: RunRecord) -> Callable[[], int | None]:
 
 
 _PREPARED = "mirror-view.json"
+SPARE = "spare.json"  # the spare holder the daemon set aside for the run (runs/ahead.py)
+
+
+def claimed_spare(svc: Service, run_id: str) -> str | None:
+    """The id of the engine's holder the daemon set aside for this run, once (runs/ahead.py)."""
+    path = svc.state.run_dir(run_id) / SPARE
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    cid = doc.get("id") if isinstance(doc, dict) else None
+    return cid if isinstance(cid, str) and cid else None
 
 
 def prepare_view(svc: Service, run_id: str) -> None:
@@ -179,8 +200,13 @@ def prepare_view(svc: Service, run_id: str) -> None:
         "skipped": [[s.path, s.rule] for s in res.skipped],
         "live_tree": view.live_tree,
         "stats": vars(view.stats),
+        "serial": view.serial,
     }
     atomic_write_bytes(svc.state.run_dir(rec.id) / _PREPARED, json.dumps(doc).encode())
+    held = held_upper(svc, rec.agent)
+    if held is not None and held.remote:  # the engine's copy brought up to date by this process,
+        # which keeps what it knows of it in memory: the run's process finds it synced at this version
+        held.lower(view.tree, stagers.view_version(view))
 
 
 def prepared_view(svc: Service, rec: RunRecord, clearance: Any) -> MirrorView | None:
@@ -198,7 +224,11 @@ def prepared_view(svc: Service, rec: RunRecord, clearance: Any) -> MirrorView | 
     res.withheld = [Withheld(p, r) for p, r in doc["withheld"]]
     res.skipped = [Withheld(p, r) for p, r in doc["skipped"]]
     stats = RefreshStats(**doc["stats"])
-    return MirrorView(doc["generation"], Path(doc["tree"]), res, stats, live_tree=doc["live_tree"])
+    serial = doc.get("serial")
+    return MirrorView(
+        doc["generation"], Path(doc["tree"]), res, stats, serial=serial if isinstance(serial, int) else None,
+        live_tree=doc["live_tree"],
+    )  # fmt: skip
 
 
 def _walk_mirror(svc: Service) -> Callable[..., MirrorView]:
@@ -222,8 +252,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     user = f"{uid}:{gid}"
     stdin_file = inv.stdin_file
     if held is not None and held.remote and stdin_file is not None:  # the engine's host cannot see it
-        # given to the agent's user there (root here), or kept ours (the agent runs as us)
-        held.put(rec.id, "stdin", stdin_file, AGENT_UID if os.getuid() == 0 else None)
+        held.put_file(rec.id, "stdin", stdin_file.read_bytes())  # read-only for all: the agent reads it
         stdin_file = Path(held.where(rec.id, "stdin"))
     spec = ContainerSpec(
         run_id=rec.id,

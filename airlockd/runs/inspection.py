@@ -118,7 +118,7 @@ def read_back(svc: Service, rec: RunRecord, base: Base, bounds: ChangeBounds) ->
     try:
         stagers.read_back(run_dir, held.dump(rec.id), base, bounds)
     finally:  # the daemon's goes off the proposal's path (its spares wait for it at close)
-        held.release(rec.id, later=svc.keeper is not None)
+        held.release(rec.id, later=svc.keeper is not None or svc.for_daemon)
 
 
 def _classify_summary(svc: Service, rec: RunRecord, rest: Mapping[tuple[str, str], int]) -> None:

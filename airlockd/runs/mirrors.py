@@ -13,18 +13,24 @@ import json
 import logging
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from airlockd.interpreter import module_command
 from airlockd.policy import Level, load_policy
-from airlockd.runs.execution import mirror_owner, uses_mirror
+from airlockd.runs import ahead
+from airlockd.runs.execution import held_upper, mirror_owner, run_live, uses_mirror
 from airlockd.runs.service import Service
+from airlockd.staging import stagers
 from airlockd.staging.keeper import WALK_EVERY_S
 from airlockd.staging.mirror import mirror_for
 from airlockd.staging.records import StagingError
 from airlockd.state import StateDir
 from airlockd.store import Store
+
+log = logging.getLogger(__name__)
 
 MODULE = "airlockd.runs.mirrors"
 UPKEEP_EVERY_S = WALK_EVERY_S * 0.9  # the daemon walks a little before the keeper would itself
@@ -36,7 +42,9 @@ def keep(service: Service) -> bool:
     the keeper is watching."""
     if service.keep_mirrors(walker=walk_elsewhere(service.workspace)) is not None:
         return False
+    ahead.at_start(service)  # a spare holder for the first run, made while the mirrors are
     refresh_all(service)
+    follow_on_engine(service)
     return True
 
 
@@ -46,6 +54,65 @@ def refresh_all(service: Service, walk: bool = False) -> None:
         return
     for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
         service.keeper.refresh(service.policy, level, owner=mirror_owner(), redactor=service.redactor, walk=walk)
+
+
+FOLLOW_QUIET_S = 0.05  # a burst of changes is waited out this long (a save writes several times)
+FOLLOW_LONGEST_S = 1.0  # but no longer than this after its first change
+FOLLOW_WARN_EVERY_S = 300.0
+
+
+def follow_on_engine(service: Service) -> threading.Thread | None:
+    """For an engine that cannot see this machine's paths (a remote host): bring its copy of each
+    agent clearance's mirror up to date as the workspace changes, so that a run finds it synced
+    (only what changed travels, at once, and the run waits for none of it: the copy is taken at
+    its version, sandbox/enginemirror.py). The keeper's refresh and the sync each lock what they
+    change, so a run's own (in `execution.prepare_view`) waits for one under way and then has
+    nothing to do. The thread ends with the keeper."""
+    keeper = service.keeper
+    held = held_upper(service)
+    if keeper is None or held is None or not held.remote:
+        return None
+    poked = threading.Event()
+    keeper.listeners.append(lambda _changes: poked.set())
+
+    def follow() -> None:
+        warned = 0.0
+        while service.keeper is keeper:
+            if not poked.wait(1.0):
+                continue
+            first = time.monotonic()
+            while True:  # the burst waited out
+                poked.clear()
+                if not poked.wait(FOLLOW_QUIET_S) or time.monotonic() - first > FOLLOW_LONGEST_S:
+                    break
+            if service.keeper is not keeper:
+                return
+            try:
+                sync_engine(service)
+            except Exception as exc:  # a run syncs (and reports) itself
+                if time.monotonic() - warned > FOLLOW_WARN_EVERY_S:
+                    warned = time.monotonic()
+                    log.warning("the engine's copy of the workspace did not follow its changes: %s", exc)
+
+    thread = threading.Thread(target=follow, name="airlockd-engine-follow", daemon=True)
+    thread.start()
+    return thread
+
+
+def sync_engine(service: Service) -> None:
+    """Each agent clearance's mirror refreshed by the keeper and synced to the engine."""
+    keeper = service.keeper
+    if keeper is None or keeper.why is not None:
+        return
+    for level in {service.policy.clearance_for(a) for a in service.policy.agents}:
+        held = held_upper(service)
+        if held is None or not held.remote:
+            return
+        view = keeper.refresh(
+            service.policy, level, owner=mirror_owner(), redactor=service.redactor,
+            is_live=lambda r: run_live(service, r),
+        )  # fmt: skip
+        held.lower(view.tree, stagers.view_version(view))
 
 
 def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:
@@ -79,7 +146,7 @@ def walk_here(workspace: Path, level: Level) -> dict[str, int]:
     view = mirror_for(state.root, level).refresh(
         workspace, policy, level, owner=mirror_owner(), is_live=live, dump=True, repo=False
     )
-    return {"generation": view.generation, "serial": view.serial, "files": view.result.files}
+    return {"generation": view.generation, "serial": view.serial or 0, "files": view.result.files}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,6 +106,8 @@ class Service:
         )
         self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
         self.keeper: MirrorKeeper | None = None  # set by keep_mirrors() in a long-lived process
+        # a run's process a daemon started: the daemon made ready what it could (execution.prepare)
+        self.for_daemon = known_values is not None
         if known_values is None:
             self.learn_withheld(lowest)
         else:
@@ -230,6 +232,8 @@ class Service:
             self.keeper.close()
             self.keeper = None
             self._drop_spares()
+        elif self.for_daemon:
+            execution.settle(self)  # the holders it lets go of off the run's path
 
     def _drop_spares(self) -> None:
         """The engine's holders made ahead for this workspace's runs (layers.py, "Spares"): only

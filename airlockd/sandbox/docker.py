@@ -442,13 +442,14 @@ class DockerSandbox:
 
 @contextlib.contextmanager
 def _gone_is_fine() -> Iterator[None]:
-    """Inside `_engine`: a container that vanished or already stopped is not an error."""
+    """Inside `_engine`: a container that vanished or already stopped is not an error (Podman
+    says one removed while it was being stopped with a 500 "no such container", not a 404)."""
     try:
         yield
     except docker.errors.NotFound:
         pass
     except docker.errors.APIError as exc:
-        if exc.status_code != 409:
+        if exc.status_code != 409 and "no such container" not in str(exc).lower():
             raise
 
 

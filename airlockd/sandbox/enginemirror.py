@@ -212,6 +212,7 @@ class EngineMirror:
         self.labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
         self._state_file = mirror_root / "engine-mirror.json"
         self._partial_file = mirror_root / "engine-mirror.partial"
+        self._synced_file = mirror_root / "engine-mirror.synced"
         self.last = (0, 0)  # the last sync: (paths removed there, paths sent)
 
     # -- what the engine holds, as recorded here ---------------------------------------------
@@ -255,6 +256,29 @@ class EngineMirror:
         if isinstance(cut, dict) and cut.get("nonce") == nonce and isinstance(cut.get("gens"), list):
             gens += [g for g in cut["gens"] if isinstance(g, str) and g != gen]
         atomic_write_bytes(self._partial_file, json.dumps({"nonce": nonce, "gens": gens}).encode())
+        self._stamp(nonce, gen, None)
+
+    def _synced(self) -> dict[str, Any]:
+        try:
+            doc = json.loads(self._synced_file.read_bytes())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) and isinstance(doc.get("gens"), dict) else {}
+
+    def _stamp(self, nonce: str, gen: str, version: str | None, keep: set[str] | None = None) -> None:
+        """Record that the engine's `gen` is the local generation at `version` (None: no longer
+        known to be), for the next sync of it to take at its word (`sync`)."""
+        doc = self._synced()
+        gens = doc.get("gens", {}) if doc.get("nonce") == nonce else {}
+        if keep is not None:
+            gens = {g: v for g, v in gens.items() if g in keep}
+        if version is None and gen not in gens:
+            return
+        if version is None:
+            gens.pop(gen, None)
+        else:
+            gens[gen] = version
+        atomic_write_bytes(self._synced_file, json.dumps({"nonce": nonce, "gens": gens}).encode())
 
     def _save(self, state: dict[str, Any]) -> None:
         atomic_write_bytes(self._state_file, json.dumps(state, separators=(",", ":")).encode())
@@ -362,11 +386,30 @@ class EngineMirror:
 
     # -- the one entry point ----------------------------------------------------------------
 
-    def sync(self, tree: Path) -> str:
+    def sync(self, tree: Path, version: str | None = None) -> str:
         """Bring the engine's copy of the local generation `tree` (`<mirror>/g<N>`) up to date;
-        its path on the engine's host (the overlay's lower layer)."""
+        its path on the engine's host (the overlay's lower layer).
+
+        `version`, when the caller can vouch for one, names the generation's content (the local
+        mirror's serial as the caller's refresh left it, under which the generation is
+        referenced by the run and cannot change: staging/mirror.py): a generation last synced at
+        that version, by any process, is taken as it is there, at the cost of asking the engine
+        for the volume (still the one synced to: its nonce). The daemon syncs before it starts a
+        run's process, so that process reads no record and scans no tree."""
         gen = tree.name
         with FileLock(str(self.root / "engine-mirror.lock")):
+            if version is not None:
+                done = self._synced()
+                if done.get("gens", {}).get(gen) == version:
+                    try:
+                        vol = self.client.api.inspect_volume(self.name)
+                    except docker.errors.NotFound:
+                        vol = {}
+                    except docker.errors.DockerException as exc:
+                        raise _engine("to find the workspace's mirror", exc) from None
+                    if vol and (vol.get("Labels") or {}).get(NONCE_LABEL) == done.get("nonce"):
+                        self.last = (0, 0)
+                        return str(PurePosixPath(vol["Mountpoint"]) / gen)
             # under the lock: a list taken before it could miss a generation another sync just sent
             local_gens = {p.name for p in self.root.iterdir() if p.name[:1] == "g" and p.name[1:].isdigit()}
             nonce, mountpoint = self._keeper()
@@ -404,6 +447,8 @@ class EngineMirror:
                     for g in gone:
                         gens.pop(g)
             self._save(state)
+            if version is not None:
+                self._stamp(nonce, gen, version, keep=set(gens))
             self.last = (len(remove), len(send))
             log.info("mirror %s on the engine: %s removed, %s sent", gen, len(remove), len(send))
             return str(mountpoint / gen)
@@ -421,6 +466,7 @@ class EngineMirror:
             except docker.errors.DockerException as exc:
                 log.error("cannot remove the mirror's %s %s: %s", what, self.name, exc)
         self._state_file.unlink(missing_ok=True)
+        self._synced_file.unlink(missing_ok=True)
 
 
 def _feed(pipe: Any, data: bytes) -> None:

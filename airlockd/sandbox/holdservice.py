@@ -10,9 +10,11 @@ process keeps: each request is then a line written to that connection and frames
 
 Requests (one at a time; a JSON line): `{"op": "statvfs"}` answers the capped filesystem's
 figures; `{"op": "dump", "path": ..., "opaque": ...}` runs `upperdump.DUMP` in the service
-itself (its output framed). Frames: kind (1 byte: 0 data, 1 end), length (4 bytes), data; the
-end frame's data is JSON `{"ok": bool, "err": str}`. The service ends when its connection does
-(this process closed it, or died): the holder and its volume are untouched by that.
+itself (its output framed); `{"op": "write", "name": ..., "data": base64}` makes a new file of
+that name at the top of the mount, root's and read-only (the agent's standard input). Frames:
+kind (1 byte: 0 data, 1 end), length (4 bytes), data; the end frame's data is JSON
+`{"ok": bool, "err": str}`. The service ends when its connection does (this process closed it,
+or died): the holder and its volume are untouched by that.
 
 It only makes the same reads faster: every request it cannot answer (none started, the
 connection broken, a reader that stopped half way through a dump) is answered by an exec, as
@@ -22,6 +24,7 @@ sees the holder's processes or this connection.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -72,6 +75,20 @@ for line in sys.stdin.buffer:
         if req['op'] == 'statvfs':
             s = os.statvfs(MOUNT)
             Framed().write(json.dumps([s.f_blocks, s.f_bfree, s.f_frsize, s.f_files, s.f_ffree]).encode())
+            end(True)
+        elif req['op'] == 'write':
+            import base64
+            name = req['name']
+            if '/' in name or name in ('', '.', '..'):
+                raise ValueError('not a plain name')
+            data = base64.b64decode(req['data'])
+            fd = os.open(os.path.join(MOUNT, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+            try:
+                view = memoryview(data)
+                while len(view):
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             end(True)
         elif req['op'] == 'dump':
             sys.argv = ['dump', req['path'], req['opaque']]
@@ -129,6 +146,13 @@ class HolderService:
             data = b"".join(self._data())
         blocks, free, frsize, files, ffree = (int(x) for x in json.loads(data))
         return blocks, free, frsize, files, ffree
+
+    def write(self, name: str, data: bytes) -> None:
+        """A new file `name` at the top of the holder's mount holding `data`: root's, mode 0444."""
+        with self._lock:
+            self._ask({"op": "write", "name": name, "data": base64.b64encode(data).decode()})
+            for _ in self._data():
+                pass
 
     def dump(self, path: str, opaque: str) -> Iterator[bytes]:
         """`upperdump.DUMP` of `path`. A reader that stops before the end drops the service
@@ -198,6 +222,7 @@ class HolderService:
 
 Key = tuple[str, str]  # (the engine's address, the holder's name)
 _services: dict[Key, HolderService] = {}  # this process's services
+_opening: dict[Key, threading.Event] = {}  # those being started (set when started or failed)
 _lock = threading.Lock()
 
 
@@ -207,19 +232,34 @@ def _key(client: Any, name: str) -> Key:
 
 def open_for(client: Any, name: str, mount: str) -> None:
     """Start the service of the holder `name`; a failure only logs (an exec answers)."""
-    try:
-        service = HolderService(client, name, mount).start()
-    except Broken as exc:
-        log.info("%s", exc)
-        return
+    key = _key(client, name)
     with _lock:
-        old = _services.pop(_key(client, name), None)
-        _services[_key(client, name)] = service
-    if old is not None:
-        old.close()
+        started = _opening.setdefault(key, threading.Event())
+    try:
+        try:
+            service = HolderService(client, name, mount).start()
+        except Broken as exc:
+            log.info("%s", exc)
+            return
+        with _lock:
+            old = _services.pop(key, None)
+            _services[key] = service
+        if old is not None:
+            old.close()
+    finally:
+        with _lock:
+            if _opening.get(key) is started:
+                del _opening[key]
+        started.set()
 
 
-def get(client: Any, name: str) -> HolderService | None:
+def get(client: Any, name: str, wait: float = 0.0) -> HolderService | None:
+    """The holder's service; with `wait`, one being started is waited for that long (asking the
+    holder anything else while its exec starts waits about as long)."""
+    with _lock:
+        starting = _opening.get(_key(client, name))
+    if starting is not None and wait > 0:
+        starting.wait(wait)
     with _lock:
         service = _services.get(_key(client, name))
     if service is not None and service.closed:

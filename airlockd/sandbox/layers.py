@@ -71,6 +71,7 @@ HELD_LABEL = "airlockd.held-for"  # not the run label: the holder is no containe
 SPARE_LABEL = "airlockd.spare-for"  # a holder made ahead: the cap it was made with (`spare_key`)
 SPARE_PREFIX = "airlockd-spare-"
 HOLDER_PREFIX = "airlockd-hold-"
+CLAIM_PREFIX = "airlockd-claim-"  # a spare the daemon set aside for a run its run process carries
 INODE_STEP = 1024  # inode caps are rounded up to this, so a spare made ahead fits the next run
 SPARE_WAIT_S = 10.0  # a run waits this long at most for the spare being made for it
 MOUNT = "/layers"
@@ -90,13 +91,19 @@ def holder_name(run_id: str) -> str:
     return f"{HOLDER_PREFIX}{run_id}"
 
 
+def claim_name(run_id: str) -> str:
+    return f"{CLAIM_PREFIX}{run_id}"
+
+
 def holder_run(name: str, labels: dict[str, str]) -> str:
     """The run whose upper layer the container `name` holds ("" for none): its label, or for a
-    spare taken by a run, its name."""
+    spare taken by (or set aside for) a run, its name."""
     if labels.get(HELD_LABEL):
         return labels[HELD_LABEL]
-    if labels.get(SPARE_LABEL) and name.lstrip("/").startswith(HOLDER_PREFIX):
-        return name.lstrip("/")[len(HOLDER_PREFIX) :]
+    name = name.lstrip("/")
+    for prefix in (HOLDER_PREFIX, CLAIM_PREFIX) if labels.get(SPARE_LABEL) else ():
+        if name.startswith(prefix):
+            return name[len(prefix) :]
     return ""
 
 
@@ -142,17 +149,22 @@ def hold(
     mode: int,
     labels: dict[str, str] | None = None,
     spare: bool = False,
+    claimed: str | None = None,
 ) -> HeldLayers:
     """Create the run's capped volume, start its holder, and lay out `upper/` (owned by `owner`,
     with `mode`: what the merged root shows) and `work/`. A leftover of an earlier attempt of the
     same run is removed first; one of another workspace's (a shared engine) is never touched.
-    With `spare`, a spare of the same cap is taken when there is one, and the next is made."""
+    With `spare`, a spare of the same cap is taken when there is one, and the next is made.
+    `claimed`: the id of the spare another process (the daemon) set aside for this run
+    (`reserve_spare`), taken when it has the same cap."""
     labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
     _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
-    release(client, run_id)
+    release(client, run_id, claim=False)
     inodes = round_inodes(inodes)
     key = spare_key(size_bytes, inodes, owner, mode, image)
-    held = _take_spare(client, run_id, key, labels) if spare else None
+    held = _take_claim(client, run_id, claimed, key, labels) if claimed else None
+    if held is None and spare:
+        held = _take_spare(client, run_id, key, labels)
     if held is None:
         name, vol = holder_name(run_id), volume_name(run_id)
         held = HeldLayers(
@@ -167,7 +179,14 @@ def hold(
     if spare:  # the next is made when this run lets go of its own: while it is reviewed
         with _spares.lock:
             _spares.next[(str(client.api.base_url), run_id)] = (image, size_bytes, inodes, owner, mode, labels)
+    with _held_lock:
+        _held_here[(str(client.api.base_url), run_id)] = held
     return held
+
+
+#: (engine, run id) -> the layers `hold` gave, until `release`: where they are, without asking
+_held_here: dict[tuple[str, str], HeldLayers] = {}
+_held_lock = threading.Lock()
 
 
 def _make(
@@ -259,6 +278,69 @@ def _take_spare(client: Any, run_id: str, key: str, labels: dict[str, str]) -> H
     return None
 
 
+def _take_claim(client: Any, run_id: str, cid: str, key: str, labels: dict[str, str]) -> HeldLayers | None:
+    """The spare `cid` set aside for this run (`claim_name`), renamed after the run when it has
+    the cap `key`; one of another cap is removed. A container of that name that is not `cid` is
+    not the daemon's, and is left alone (it stands in no holder's way)."""
+    name = claim_name(run_id)
+    try:
+        c = client.api.inspect_container(name)
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.DockerException as exc:
+        log.warning("the spare holder set aside for run %s was not taken: %s", run_id, exc)
+        return None
+    if c.get("Id") != cid:
+        log.warning("%s is not the spare holder set aside for run %s: not taken", name, run_id)
+        return None
+    have = c.get("Config", {}).get("Labels") or {}
+    source = _mount(c, "Source")
+    fits = (
+        have.get(SPARE_LABEL) == key
+        and have.get(WORKSPACE_LABEL) == labels.get(WORKSPACE_LABEL, "")
+        and (c.get("State") or {}).get("Running")
+        and source
+    )
+    if not fits:
+        _remove(client, name, _mount(c, "Name") or volume_name(run_id))
+        return None
+    try:
+        client.api.rename(cid, holder_name(run_id))
+    except docker.errors.DockerException as exc:
+        log.warning("the spare holder set aside for run %s was not taken: %s", run_id, exc)
+        _remove(client, name, _mount(c, "Name") or volume_name(run_id))
+        return None
+    threading.Thread(target=holdservice.open_for, args=(client, holder_name(run_id), MOUNT), daemon=True).start()
+    return HeldLayers(run_id, PurePosixPath(str(source)))
+
+
+def reserve_spare(client: Any, run_id: str, workspace: str) -> str | None:
+    """Set one of this process's spares for `workspace` aside for a run another process carries
+    (the daemon's run processes): renamed `claim_name(run_id)`, by its spare's name, so that no
+    other run and no `drop_spares` takes it. Its container id (what that process is told to take:
+    `hold(claimed=...)`), or None when there is none."""
+    with _spares.lock:
+        try:
+            found = client.api.containers(filters={"label": [SPARE_LABEL, f"{WORKSPACE_LABEL}={workspace}"]})
+        except docker.errors.DockerException as exc:
+            log.warning("no spare holder for run %s: %s", run_id, exc)
+            return None
+        for c in sorted(found, key=lambda c: -int(c.get("Created") or 0)):
+            name = next((n.lstrip("/") for n in c.get("Names") or [] if n.lstrip("/").startswith(SPARE_PREFIX)), None)
+            mine = (str(client.api.base_url), c["Id"])
+            if name is None or c.get("State") != "running" or mine not in _spares.made:
+                continue
+            _spares.made.discard(mine)
+            holdservice.drop(client, name)  # the run's process opens its own
+            try:
+                client.api.rename(name, claim_name(run_id))
+            except docker.errors.DockerException as exc:
+                log.warning("spare holder %s not set aside: %s", name, exc)
+                continue
+            return str(c["Id"])
+    return None
+
+
 class _Spares:
     """The spares this process is making (one at a time per engine, workspace and cap), and
     those it made and no run took yet: the only ones it takes. A container on the engine that
@@ -330,9 +412,11 @@ class _Later:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: set[threading.Thread] = set()
+        self._pending: dict[tuple[str, str], threading.Thread] = {}  # (engine, run id) -> its release
 
     def submit(self, client: Any, run_id: str) -> None:
+        slot = (str(client.api.base_url), run_id)
+
         def work() -> None:
             try:
                 release(client, run_id)
@@ -340,16 +424,23 @@ class _Later:
                 log.exception("the holder of run %s was not let go of", run_id)
             finally:
                 with self._lock:
-                    self._pending.discard(threading.current_thread())
+                    self._pending.pop(slot, None)
 
         thread = threading.Thread(target=work, name=f"airlockd-release-{run_id}", daemon=True)
         with self._lock:
-            self._pending.add(thread)
+            if slot in self._pending:
+                return
+            self._pending[slot] = thread
         thread.start()
+
+    def going(self, client: Any, run_id: str) -> threading.Thread | None:
+        """The release of the run's holder under way, if one is."""
+        with self._lock:
+            return self._pending.get((str(client.api.base_url), run_id))
 
     def settle(self, timeout: float = 60.0) -> None:
         with self._lock:
-            pending = list(self._pending)
+            pending = list(self._pending.values())
         for thread in pending:
             thread.join(timeout)
 
@@ -377,15 +468,22 @@ def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
             if keep is not None and mine and not kept:
                 kept = True
                 continue
-            with contextlib.suppress(docker.errors.NotFound):
-                client.api.remove_container(name, force=True)
             holdservice.drop(client, name)
             _spares.made.discard((str(client.api.base_url), c["Id"]))
+            try:
+                client.api.remove_container(name, force=True)
+            except docker.errors.NotFound:
+                continue  # taken by a run meanwhile (renamed): its volume is the run's now
+            with contextlib.suppress(docker.errors.NotFound):  # its volume (a spare's has its name)
+                client.api.remove_volume(_mount(c, "Name") or name, force=True)
         if keep is None:  # none is being made now: a volume alone was left by a spare cut short
-            dangling = client.api.volumes(filters={"label": [SPARE_LABEL, ws], "dangling": True})
-            for v in (dangling or {}).get("Volumes") or []:
-                with contextlib.suppress(docker.errors.NotFound):
-                    client.api.remove_volume(v["Name"], force=True)
+            for name in _unmounted(client, [SPARE_LABEL, ws]):
+                try:  # never forced: Podman's force removes the containers that use it first
+                    client.api.remove_volume(name)
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as exc:
+                    log.info("spare volume %s not removed: %s", name, exc)
     except docker.errors.DockerException as exc:
         log.warning("cannot remove the spare holders: %s", exc)
     return kept
@@ -494,6 +592,35 @@ def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
     yield from _exec(client, holder, ["python3", "-I", "-c", upperdump.DUMP, f"{MOUNT}/{name}", OPAQUE])
 
 
+WRITE_MAX = 1 << 20  # a file this small goes through the holder's service (one JSON line)
+SERVICE_WAIT_S = 0.5  # a service being started is waited for this long (a tar put takes 0.03-0.1 s)
+
+
+def put_file(client: Any, held: HeldLayers, name: str, data: bytes) -> None:
+    """A new file `name` holding `data` on the capped filesystem, root's and read-only for all
+    (what the agent reads: its standard input). Through the holder's service when it runs (a
+    line on its connection), else as a tar put into the holder."""
+    holder = holder_name(held.run_id)
+    service = holdservice.get(client, holder, wait=SERVICE_WAIT_S) if len(data) <= WRITE_MAX else None
+    if service is not None:
+        try:
+            service.write(name, data)
+            return
+        except holdservice.Broken as exc:
+            log.info("%s: put as a tar", exc)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mode, ti.uid, ti.gid = len(data), 0o444, 0, 0
+        tf.addfile(ti, io.BytesIO(data))
+    try:
+        ok = client.api.put_archive(holder, MOUNT, buf.getvalue())
+    except docker.errors.DockerException as exc:
+        raise _engine(f"to put {name} into the capped filesystem of run {held.run_id}", exc) from None
+    if not ok:
+        raise EngineError(f"the engine refused {name} in the capped filesystem of run {held.run_id}")
+
+
 def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
     """Copy the local tree `src` (never following a link in it) to `name` on the capped
     filesystem, modes kept, owners too or all `owner`; ENOSPC there (a tree over the cap) is an
@@ -562,9 +689,14 @@ def _mount(container: dict[str, Any], what: str) -> str | None:
     return next((m.get(what) for m in container.get("Mounts") or [] if m.get("Destination") == MOUNT), None)
 
 
-def release(client: Any, run_id: str) -> None:
-    """Remove the run's holder and its volume (everything the agent wrote with them); no-op for
-    what is already gone. Logs what the engine refuses."""
+def release(client: Any, run_id: str, claim: bool = True) -> None:
+    """Remove the run's holder and its volume (everything the agent wrote with them), and with
+    `claim` a spare set aside for it that it never took; no-op for what is already gone. Logs
+    what the engine refuses."""
+    with _held_lock:
+        _held_here.pop((str(client.api.base_url), run_id), None)
+    if claim:
+        drop_claim(client, run_id)
     vol = volume_name(run_id)
     with contextlib.suppress(docker.errors.DockerException):  # a spare a run took keeps its volume's name
         vol = _mount(client.api.inspect_container(holder_name(run_id)), "Name") or vol
@@ -575,6 +707,22 @@ def release(client: Any, run_id: str) -> None:
         ahead = _spares.next.pop((str(client.api.base_url), run_id), None)
     if ahead is not None:
         _spares.make(client, *ahead)
+
+
+def _unmounted(client: Any, labels: list[str]) -> list[str]:
+    """The volumes with `labels` that no container (running or not) mounts. Not the engine's
+    `dangling` filter: Podman's counts a volume a running container mounts as dangling."""
+    found = (client.api.volumes(filters={"label": labels}) or {}).get("Volumes") or []
+    mounted = {m.get("Name") for c in client.api.containers(all=True) for m in c.get("Mounts") or []}
+    return [v["Name"] for v in found if v["Name"] not in mounted]
+
+
+def drop_claim(client: Any, run_id: str) -> None:
+    """Remove the spare set aside for the run that it never took (and its volume)."""
+    with contextlib.suppress(docker.errors.DockerException):
+        c = client.api.inspect_container(claim_name(run_id))
+        if (c.get("Config", {}).get("Labels") or {}).get(SPARE_LABEL):
+            _remove(client, claim_name(run_id), _mount(c, "Name") or volume_name(run_id))
 
 
 def _remove(client: Any, holder: str | None, vol: str) -> None:
@@ -604,10 +752,10 @@ class EngineUpper:
         self.client, self.image, self.labels = client, image, labels or {}
         self.remote = remote  # the engine cannot see this machine's paths (docs/engines.md)
 
-    def lower(self, tree: Path) -> str:
+    def lower(self, tree: Path, version: str | None = None) -> str:
         if not self.remote:
             return str(tree)
-        return EngineMirror(self.client, self.image, tree.parent, self.labels).sync(tree)
+        return EngineMirror(self.client, self.image, tree.parent, self.labels).sync(tree, version)
 
     def relay(self, run_id: str, socket: Path) -> str:
         held = self._held(run_id)
@@ -615,16 +763,30 @@ class EngineUpper:
         return str(held.mountpoint / "gw")
 
     def hold(
-        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False
-    ) -> tuple[str, str]:
+        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False,
+        claimed: str | None = None,
+    ) -> tuple[str, str]:  # fmt: skip
         held = hold(
             self.client, run_id, image=self.image, size_bytes=size_bytes, inodes=inodes, owner=owner, mode=mode,
-            labels=self.labels, spare=spare,
+            labels=self.labels, spare=spare, claimed=claimed,
         )  # fmt: skip
         return str(held.upper), str(held.work)
 
+    def reserve_spare(self, run_id: str) -> str | None:
+        return reserve_spare(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""))
+
+    def drop_claim(self, run_id: str) -> None:
+        drop_claim(self.client, run_id)
+
+    def make_spare(self, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> None:
+        labels = {**self.labels, OWNER_LABEL: "1", ROLE_LABEL: ROLE}
+        _spares.make(self.client, self.image, size_bytes, round_inodes(inodes), owner, mode, labels)
+
     def drop_spares(self) -> None:
         drop_spares(self.client, self.labels.get(WORKSPACE_LABEL, ""))
+
+    def settle(self) -> None:
+        _later.settle()
 
     def _held(self, run_id: str) -> HeldLayers:
         found = find(self.client, run_id)
@@ -645,15 +807,24 @@ class EngineUpper:
     def dump(self, run_id: str, name: str = "upper") -> Iterator[bytes]:
         return dump(self.client, self._held(run_id), name)
 
+    def _here(self, run_id: str) -> HeldLayers:
+        """The run's layers as this process's `hold` gave them, else as the engine says."""
+        with _held_lock:
+            known = _held_here.get((str(self.client.api.base_url), run_id))
+        return known if known is not None else self._held(run_id)
+
     def where(self, run_id: str, name: str) -> str:
-        return str(self._held(run_id).mountpoint / name)
+        return str(self._here(run_id).mountpoint / name)
 
     def put(self, run_id: str, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
         put_tree(self.client, self._held(run_id), name, src, owner)
+
+    def put_file(self, run_id: str, name: str, data: bytes) -> None:
+        put_file(self.client, self._here(run_id), name, data)
 
     def release(self, run_id: str, later: bool = False) -> None:
         relay.stop(run_id)
         if later:
             _later.submit(self.client, run_id)
-        else:
+        elif _later.going(self.client, run_id) is None:  # (once is enough: the engine refuses a second)
             release(self.client, run_id)

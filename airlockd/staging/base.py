@@ -35,9 +35,11 @@ class HeldUpper(Protocol):
     options: str  # overlayfs options that go with such an upper layer (after lower/upper/work)
     remote: bool  # the engine cannot see this machine's paths: the lower layer and sockets travel
 
-    def lower(self, tree: Path) -> str:
+    def lower(self, tree: Path, version: str | None = None) -> str:
         """The path on the engine's host of the mirror generation `tree` (a remote engine's copy
-        of it, brought up to date first; `tree` itself for an engine that sees it)."""
+        of it, brought up to date first; `tree` itself for an engine that sees it). `version`:
+        what names the generation's content, when the caller can vouch for one (`view_version`):
+        a copy already synced at it is taken as it is."""
         ...
 
     def relay(self, run_id: str, socket: Path) -> str:
@@ -47,16 +49,36 @@ class HeldUpper(Protocol):
         ...
 
     def hold(
-        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False
-    ) -> tuple[str, str]:
+        self, run_id: str, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int, spare: bool = False,
+        claimed: str | None = None,
+    ) -> tuple[str, str]:  # fmt: skip
         """Create the capped filesystem with `upper/` (owned by `owner`, with `mode`) and `work/`;
         their paths on the engine's host. With `spare` (a process that serves many runs), one
-        made ahead with the same cap is taken when there is one, and the next is made ahead."""
+        made ahead with the same cap is taken when there is one, and the next is made ahead.
+        `claimed`: the spare another process set aside for this run (`reserve_spare`), taken
+        when its cap is the same."""
+        ...
+
+    def reserve_spare(self, run_id: str) -> str | None:
+        """Set one of this process's spares aside for a run another process will carry; what to
+        pass that process's `hold` as `claimed`, or None when there is none."""
+        ...
+
+    def drop_claim(self, run_id: str) -> None:
+        """Remove the spare set aside for the run if it never took it."""
+        ...
+
+    def make_spare(self, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> None:
+        """Start making a spare of this cap (in the background)."""
         ...
 
     def drop_spares(self) -> None:
         """Remove the spares made ahead for this workspace that no run took (once what is being
         released and made has settled)."""
+        ...
+
+    def settle(self) -> None:
+        """Wait for the releases under way (`release(later=True)`)."""
         ...
 
     def place(self, run_id: str, dirs: list[tuple[str, tuple[int, int], int]], whiteouts: list[str]) -> None:
@@ -80,6 +102,11 @@ class HeldUpper(Protocol):
     def put(self, run_id: str, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
         """Copy the local tree `src` to `name` on the capped filesystem (modes kept; owners too,
         or every node given to `owner`)."""
+        ...
+
+    def put_file(self, run_id: str, name: str, data: bytes) -> None:
+        """A new file `name` on the capped filesystem holding `data`, root's and readable by all
+        (the agent's standard input)."""
         ...
 
     def release(self, run_id: str, later: bool = False) -> None:
@@ -106,6 +133,7 @@ class StageRequest:
     run_id: str = ""
     held: HeldUpper | None = None  # the engine holds the capped upper layer (not root)
     spare: bool = False  # this process serves many runs: the engine's holders are made ahead
+    claimed: str | None = None  # the spare the daemon set aside for this run (`HeldUpper.reserve_spare`)
 
 
 @dataclass

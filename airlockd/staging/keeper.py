@@ -250,7 +250,7 @@ class MirrorKeeper:
         specials = specials_of(self.workspace, skipped)
         st = KeptState(
             generation=view.generation,
-            serial=view.serial,
+            serial=view.serial or 0,
             digest=digest,
             cache=view.cache,
             base=dict(res.base),
@@ -295,7 +295,9 @@ class MirrorKeeper:
             if not changes:
                 if run_id is not None:
                     mirror.reference(st.generation, run_id)
-                return MirrorView(st.generation, mirror.tree(st.generation), st.result(), stats, live_tree=_live(st))
+                view = MirrorView(st.generation, mirror.tree(st.generation), st.result(), stats, live_tree=_live(st))
+                view.serial = st.serial
+                return view
             self._pending[key] = Changes()
             try:
                 gen, cloned = mirror.writable(st.generation, is_live)
@@ -331,7 +333,7 @@ class MirrorKeeper:
         stats.read, stats.written, stats.removed = stager.stats.read, stager.stats.written, stager.stats.removed
         if stager.identity_changed:
             return None
-        return MirrorView(gen, mirror.tree(gen), st.result(), stats, live_tree=_live(st))
+        return MirrorView(gen, mirror.tree(gen), st.result(), stats, serial=st.serial, live_tree=_live(st))
 
 
 def linked_moved(workspace: Path, ids: list[Ident]) -> bool:

@@ -83,7 +83,7 @@ class MirrorView:
     result: StageResult
     stats: RefreshStats = field(default_factory=RefreshStats)
     cache: dict[str, Cached] = field(default_factory=dict)  # the stat cache as this refresh left it
-    serial: int = 0
+    serial: int | None = None  # the mirror's serial as this view found it (None: not known)
     live_tree: dict[str, object] | None = None  # the live-tree digest, when the refresh knows it
 
 

@@ -142,17 +142,45 @@ def hide(lay: Layout, rel: str) -> None:
 
 
 def write_meta(
-    run_dir: Path, stager: str, why: str, view: MirrorView | None = None, *, held: Layout | None = None
-) -> None:
+    run_dir: Path, stager: str, why: str, view: MirrorView | None = None, *, held: Layout | None = None,
+    cap: tuple[int, int, tuple[int, int], int] | None = None,
+) -> None:  # fmt: skip
     meta: dict[str, object] = {"stager": stager, "why": why}
     if view is not None:
         meta.update(lower=str(view.tree), generation=view.generation, mirror=str(view.tree.parent))
     if held is not None:
-        on_engine = {"upper": str(held.upper), "work": str(held.work), "options": held.tail}
+        on_engine: dict[str, object] = {"upper": str(held.upper), "work": str(held.work), "options": held.tail}
         if held.engine_lower:
             on_engine["lower"] = held.engine_lower
+        if cap is not None:  # what it was held with: the daemon makes the next run's spare so
+            on_engine["cap"] = [cap[0], cap[1], list(cap[2]), cap[3]]
         meta["held"] = on_engine
     (run_dir / _META).write_text(json.dumps(meta))
+
+
+def view_version(view: MirrorView) -> str | None:
+    """What names the content of the view's generation while the view's run references it: the
+    mirror's serial as its refresh found it (bumped by every refresh that changes the mirror),
+    with the generation's inode (a mirror made again from nothing starts its serials again).
+    None when the view does not know the serial."""
+    if view.serial is None:
+        return None
+    try:
+        ino = os.lstat(view.tree).st_ino
+    except OSError:
+        return None
+    return f"{view.serial}:{ino}"
+
+
+def held_cap(run_dir: Path) -> tuple[int, int, tuple[int, int], int] | None:
+    """(bytes, inodes, owner, mode) of the capped upper layer the engine held for the run."""
+    held = meta(run_dir).get("held")
+    cap = held.get("cap") if isinstance(held, dict) else None
+    try:
+        size, inodes, (uid, gid), mode = cap  # type: ignore[misc]
+        return int(size), int(inodes), (int(uid), int(gid)), int(mode)
+    except (TypeError, ValueError):
+        return None
 
 
 def held_run(run_dir: Path) -> bool:
@@ -281,10 +309,12 @@ class OverlayStager:
         st = os.lstat(view.tree)
         owner = req.owner or (st.st_uid, st.st_gid)
         inodes = _inodes(result, req.growth)
-        upper, work = held.hold(req.run_id, req.growth, inodes, owner, stat.S_IMODE(st.st_mode), spare=req.spare)
-        engine_lower = held.lower(view.tree) if held.remote else None  # synced there: what changed travels
+        mode = stat.S_IMODE(st.st_mode)
+        upper, work = held.hold(req.run_id, req.growth, inodes, owner, mode, spare=req.spare, claimed=req.claimed)
+        # synced there: what changed travels (nothing, when the daemon synced it at this version)
+        engine_lower = held.lower(view.tree, view_version(view)) if held.remote else None
         lay = Layout(view.tree, Path(upper), Path(work), staging, held.options, engine_lower)
-        write_meta(req.run_dir, self.name, self.why, view, held=lay)
+        write_meta(req.run_dir, self.name, self.why, view, held=lay, cap=(req.growth, inodes, owner, mode))
         dirs: dict[str, tuple[tuple[int, int], int]] = {}
         whiteouts: list[str] = []
 

@@ -155,15 +155,17 @@ def _holders(client: Any, run_id: str, running: bool = False) -> list[Any]:
 
 def _unheld_volumes(client: Any, ws: Path) -> list[str]:
     """The workspace's capped volumes no holder mounts, a few seconds after a run (one being
-    made ahead is unheld for a moment)."""
-    filters = {"label": [f"airlockd.workspace={ws}", "airlockd.role=upper-holder"], "dangling": True}
+    made ahead is unheld for a moment). Not the engine's `dangling` filter: Podman's counts a
+    volume a running container mounts as dangling."""
+    filters = {"label": [f"airlockd.workspace={ws}", "airlockd.role=upper-holder"]}
     deadline = time.monotonic() + 10
 
     def unheld() -> list[str]:
+        mounted = {m.get("Name") for c in client.api.containers(all=True) for m in c.get("Mounts") or []}
         return [
             v.name
             for v in client.volumes.list(filters=filters)
-            if v.name.startswith(("airlockd-up-", "airlockd-spare-"))
+            if v.name.startswith(("airlockd-up-", "airlockd-spare-")) and v.name not in mounted
         ]
 
     while (left := unheld()) and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ would; a spare's service goes on under the run's name. On every engine."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -129,3 +130,32 @@ def test_a_spares_service_goes_on_under_the_runs_name(engine: str, tmp_path: Pat
         for run_id in ids:
             layers.release(client, run_id)
         layers.drop_spares(client, ws)
+
+
+def test_the_agents_standard_input_is_put_through_the_service_or_as_a_tar(engine: str, tmp_path: Path) -> None:
+    """A small file (a run's standard input on a remote engine) is written by the service: root's,
+    read-only, every byte; with no service (or one that refuses: the name taken, a name that is a
+    path) it goes as a tar, with the same result."""
+    client = docker.from_env()
+    run_id = f"hs{os.getpid() % 10000}d"
+    holder = layers.holder_name(run_id)
+    data = bytes(range(256)) * 40 + "é\n".encode()
+
+    def seen(name: str) -> str:
+        prog = f"stat -c '%u %g %a %s' /layers/{name} && sha256sum < /layers/{name}"
+        return b"".join(layers._exec(client, holder, ["sh", "-c", prog])).decode()
+
+    want = f"0 0 444 {len(data)}\n{hashlib.sha256(data).hexdigest()}  -\n"
+    try:
+        held = _holder(client, run_id, str(tmp_path))
+        layers.put_file(client, held, "stdin", data)
+        assert seen("stdin") == want
+        with pytest.raises(holdservice.Broken):  # the service never writes over a file, nor a path
+            holdservice.get(client, holder).write("stdin", b"x")  # type: ignore[union-attr]
+        with pytest.raises(holdservice.Broken):
+            holdservice.get(client, holder).write("upper/x", b"x")  # type: ignore[union-attr]
+        holdservice.drop(client, holder)
+        layers.put_file(client, held, "again", data)  # by a tar
+        assert seen("again") == want
+    finally:
+        layers.release(client, run_id)

@@ -6,6 +6,7 @@ On every engine: the local one, one that sees none of this machine's paths, and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -42,11 +43,13 @@ def _left(client: Any, ws: str) -> tuple[list[str], list[str]]:
     )
 
 
-def _hold(client: Any, run_id: str, ws: str, size: int = 8 * MiB, spare: bool = True) -> layers.HeldLayers:
+def _hold(
+    client: Any, run_id: str, ws: str, size: int = 8 * MiB, spare: bool = True, claimed: str | None = None
+) -> layers.HeldLayers:
     me = (os.getuid(), os.getgid())
     return layers.hold(
         client, run_id, image=image_tag(), size_bytes=size, inodes=1000, owner=me, mode=0o755,
-        labels={layers.WORKSPACE_LABEL: ws}, spare=spare,
+        labels={layers.WORKSPACE_LABEL: ws}, spare=spare, claimed=claimed,
     )  # fmt: skip
 
 
@@ -181,6 +184,136 @@ def test_the_daemons_runs_take_spares_and_leave_none_when_it_closes(engine: str,
         svc.close()
     left = _left(client, str(ws))
     assert not [n for n in left[0] if n.startswith((layers.SPARE_PREFIX, layers.HOLDER_PREFIX))], left
+    assert not [n for n in left[1] if n.startswith(layers.SPARE_PREFIX)], left
+
+
+def test_a_spare_set_aside_for_a_run_is_taken_by_that_run_alone(engine: str, tmp_path: Path) -> None:
+    """The daemon sets one of its spares aside for a run its run process carries (renamed after
+    the run, out of every other run's and every spare sweep's way); that process takes it by the
+    id it was told, when its cap is the one it needs. One of another cap is removed; a container
+    of that name that is not the one set aside is never taken; one never taken goes with the
+    run's release, and the sweep finds its run."""
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    ids = [f"sc{os.getpid() % 10000}{i}" for i in range(4)]
+
+    def spare() -> dict[str, Any]:
+        _hold(client, f"{ids[0]}x", ws)
+        layers.release(client, f"{ids[0]}x")
+        layers._spares.settle()
+        (made,) = _spares(client, ws)
+        return made
+
+    try:
+        made = spare()
+        cid = layers.reserve_spare(client, ids[0], ws)
+        assert cid == made["Id"]
+        assert client.api.inspect_container(layers.claim_name(ids[0]))["Id"] == cid
+        assert _spares(client, ws) == []  # no other run, and no sweep of spares, sees it
+        layers.drop_spares(client, ws)
+        assert ids[0] in DockerSandbox(client).labelled_runs(ws)
+        assert layers.reserve_spare(client, ids[1], ws) is None  # it was the only one
+
+        held = _hold(client, ids[0], ws, spare=False, claimed=cid)
+        info = client.api.inspect_container(layers.holder_name(ids[0]))
+        assert info["Id"] == cid and str(held.mountpoint) == layers._mount(info, "Source")
+        assert "No space left on device" in _fill(client, ids[0])  # its cap holds
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(layers.claim_name(ids[0]))
+
+        # another cap: the one set aside goes, with its volume, and the run makes its own
+        other = spare()
+        cid = layers.reserve_spare(client, ids[1], ws)
+        big = _hold(client, ids[1], ws, size=32 * MiB, spare=False, claimed=cid)
+        assert layers.volume_name(ids[1]) in str(big.mountpoint)
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(other["Id"])
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_volume(layers._mount(other, "Name") or other["Names"][0].lstrip("/"))
+
+        # told another id: the container of that name is not taken (nor removed)
+        spare()
+        cid = layers.reserve_spare(client, ids[2], ws)
+        mine = _hold(client, ids[2], ws, spare=False, claimed="0" * 64)
+        assert layers.volume_name(ids[2]) in str(mine.mountpoint)
+        assert client.api.inspect_container(layers.claim_name(ids[2]))["Id"] == cid
+
+        # never taken: it goes with the run's release
+        layers.release(client, ids[2])
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(cid)
+    finally:
+        for run_id in [*ids, f"{ids[0]}x"]:
+            layers.release(client, run_id)
+        layers.drop_spares(client, ws)
+    assert _left(client, ws) == ([], [])
+
+
+def test_the_daemons_run_processes_take_the_spares_it_sets_aside(engine: str, tmp_path: Path) -> None:
+    """Through the daemon a run starts (`airlockd run`: each run carried by a process of its own):
+    the daemon makes a spare when a run's process has ended, sets it aside for the next run, whose
+    process takes it (the agent reads its prompt and writes as ever), and a daemon that leaves
+    takes its spares with it."""
+    import json
+    import sys
+
+    from airlockd.lsp.client import Daemon
+    from airlockd.staging import stagers
+    from airlockd.state import StateDir
+
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    (ws / "policies.toml").write_text('[agents.w]\ncommand = ["sh", "-c", "cat > got.txt"]\n')
+    client = docker.from_env()
+    root = StateDir.for_workspace(ws).root
+
+    def run(prompt: str) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "airlockd", "--workspace", str(ws), "--json", "run", "--agent", "w", "--wait"]
+        proc = subprocess.run([*argv, prompt], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "AIRLOCK_DAEMON": "auto"})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        assert doc["state"] == "proposed" and [f["path"] for f in doc["files"]] == ["got.txt"], doc
+        return doc
+
+    def spare_made(other_than: str = "") -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            made = [c for c in _spares(client, str(ws)) if c["Id"] != other_than and c["State"] == "running"]
+            if made:
+                return made[0]
+            time.sleep(0.1)
+        raise AssertionError("the daemon made no spare holder")
+
+    def held_in(run_id: str) -> str | None:
+        held = stagers.meta(StateDir.for_workspace(ws).run_dir(run_id)).get("held")
+        return str(held["upper"]) if isinstance(held, dict) else None
+
+    try:
+        first = run("one")
+        layers_of_first = held_in(first["id"])
+        if layers_of_first is None:
+            pytest.skip("root on the local engine mounts its own capped upper layers")
+        assert layers.volume_name(first["id"]) in layers_of_first  # none made ahead yet: its own
+        made = spare_made()
+        second = run("two")
+        name = next(n.lstrip("/") for n in made["Names"])
+        assert f"/{name}/" in str(held_in(second["id"]))  # it took the one the daemon made
+        upper = StateDir.for_workspace(ws).run_dir(second["id"]) / "staging" / "upper"
+        assert (upper / "got.txt").read_text() == "two"
+        spare_made(other_than=made["Id"])  # and the next is made
+    finally:
+        daemon = Daemon.connect(root)
+        if daemon is not None:
+            with contextlib.suppress(Exception):
+                daemon.request("airlock/handover")
+            daemon.close()
+            deadline = time.monotonic() + 30
+            while (root / "serve.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+    left = _left(client, str(ws))
+    assert not [n for n in left[0] if n.startswith((layers.SPARE_PREFIX, layers.HOLDER_PREFIX, layers.CLAIM_PREFIX))]
     assert not [n for n in left[1] if n.startswith(layers.SPARE_PREFIX)], left
 
 

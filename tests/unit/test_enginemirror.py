@@ -313,3 +313,51 @@ def test_a_sync_cut_short_stays_marked_when_the_next_is_cut_short_too(tmp_path: 
     assert not (tmp_path / "engine-mirror.partial").exists()
     on_disk = json.loads((tmp_path / "engine-mirror.json").read_text())
     assert {g for g, e in on_disk["gens"].items() if e.get("partial")} == {"g5", "g6"}
+
+
+class _FullSync(Exception):
+    pass
+
+
+class _Engine:
+    """Just enough engine for a sync taken at its version: the volume's inspection. Anything else
+    (the keeper, a put, an exec) is a full sync."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce, self.asked = nonce, 0
+        self.api = self
+
+    def inspect_volume(self, name: str) -> dict[str, object]:
+        from airlockd.sandbox.enginemirror import NONCE_LABEL
+
+        self.asked += 1
+        return {"Name": name, "Labels": {NONCE_LABEL: self.nonce}, "Mountpoint": "/engine/volumes/m/_data"}
+
+    @property
+    def containers(self) -> object:
+        raise _FullSync
+
+
+def test_a_generation_synced_at_a_version_is_taken_at_its_word_and_nothing_else(tmp_path: Path) -> None:
+    """A sync told the version the generation was synced at asks the engine only for the volume
+    (still the one synced to); another version, another volume (made again), a sync of the
+    generation under way or cut short, or no version at all make a full sync."""
+    from airlockd.sandbox.enginemirror import EngineMirror
+
+    g5 = _tree(tmp_path / "g5")
+    engine = _Engine("n1")
+    mirror = EngineMirror(engine, "image", tmp_path)
+    mirror._stamp("n1", "g5", "7:42")
+    assert mirror.sync(g5, "7:42") == "/engine/volumes/m/_data/g5"
+    assert engine.asked == 1 and mirror.last == (0, 0)
+    for version in ("8:42", "7:43", None):
+        with pytest.raises(_FullSync):
+            mirror.sync(g5, version)
+    with pytest.raises(_FullSync):  # the volume was made again since
+        EngineMirror(_Engine("n2"), "image", tmp_path).sync(g5, "7:42")
+    mirror._mark("n1", "g5")  # a sync of it begins: until one ends, it is not known
+    with pytest.raises(_FullSync):
+        mirror.sync(g5, "7:42")
+    mirror._stamp("n1", "g6", "9:1")
+    mirror._stamp("n1", "g5", "7:42", keep={"g5"})  # generations gone there are forgotten
+    assert set(mirror._synced()["gens"]) == {"g5"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 import pathspec
 
@@ -78,6 +79,18 @@ class AnyPattern:
         return hits[-1] if hits else "?"
 
 
+def matcher(patterns: Iterable[str], *, anywhere: bool = False) -> AnyPattern:
+    """`AnyPattern(patterns)`, made once per list of patterns in a process: the default withhold
+    list alone takes 20 ms to compile, and a run's process forked by the daemon's launcher finds
+    the policy's matchers made already (runs/launcher.py)."""
+    return _matcher(tuple(patterns), anywhere)
+
+
+@lru_cache(maxsize=256)
+def _matcher(patterns: tuple[str, ...], anywhere: bool) -> AnyPattern:
+    return AnyPattern(patterns, anywhere=anywhere)
+
+
 def withhold_matcher(patterns: Iterable[str]) -> AnyPattern:
     """The matcher of withhold patterns: any case, any depth, no negation."""
-    return AnyPattern(patterns, anywhere=True)
+    return matcher(patterns, anywhere=True)

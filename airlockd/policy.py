@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from airlockd.errors import PolicyError
-from airlockd.pathmatch import AnyPattern, gitignore_spec, withhold_matcher
+from airlockd.pathmatch import AnyPattern, gitignore_spec, matcher, withhold_matcher
 from airlockd.resources import resource
 
 if TYPE_CHECKING:
@@ -407,7 +407,7 @@ class Policy(_Model):
 
     def above(self, clearance: Level) -> AnyPattern:
         """Matches the paths labelled above `clearance` (any label pattern ranked higher)."""
-        return AnyPattern(p for p, lvl in self.labels.items() if lvl.rank > clearance.rank)
+        return matcher(p for p, lvl in self.labels.items() if lvl.rank > clearance.rank)
 
     @cached_property
     def protected_spec(self) -> pathspec.PathSpec:
@@ -416,7 +416,7 @@ class Policy(_Model):
     @cached_property
     def label_specs(self) -> list[tuple[AnyPattern, Level]]:
         """Each label's matcher: case-insensitive, anchored as gitignore anchors (pathmatch.py)."""
-        return [(AnyPattern([p]), lvl) for p, lvl in self.labels.items()]
+        return [(matcher([p]), lvl) for p, lvl in self.labels.items()]
 
     @cached_property
     def rule_specs(self) -> list[tuple[pathspec.PathSpec, Rule]]:

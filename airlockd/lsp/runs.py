@@ -163,6 +163,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
     proc.stdin.close()
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     last: RunState | None = None  # the state the run process last announced
+    spare: Any = None
     try:
         assert proc.stdout is not None
         async for raw in proc.stdout:
@@ -177,12 +178,16 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
                 if isinstance(ev, RunStatusEvent) and ev.payload.runId == run_id:
                     last = ev.payload.state
                 status.on_event(ls, ev)
+        # its output closed: the next run's spare is made now (its holder goes meanwhile), and
+        # a waiting CLI may go on (it has nothing more to do)
+        spare = ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
         if done is not None and last is not None and not last.live:
-            done(last)  # its output closed: it has nothing more to do; a waiting CLI may go on
+            done(last)
         code = await proc.wait()
     finally:
         ls.run_processes.pop(run_id, None)
-        ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
+        if spare is None:
+            ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
     tail = await errors
     rec = await ls.call(svc.store.get_run, run_id)
     progress.end(rec.state.value)

@@ -40,7 +40,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from airlockd.names import confusable, display, has_hidden
-from airlockd.pathmatch import AnyPattern
+from airlockd.pathmatch import matcher
 from airlockd.pipeline.manifest import Change, ChangeKind, ChangeSet, Entry, Kind
 from airlockd.policy import POLICY_FILE, Decision, Policy
 
@@ -133,7 +133,7 @@ class _Classifier:
         self.policy = policy
         self.withheld = {w.strip("/").casefold() for w in withheld}
         self.withhold = policy.withhold_match  # staging's own matcher: any case, any depth
-        self.protected = AnyPattern(policy.defaults.protected_files)
+        self.protected = matcher(policy.defaults.protected_files)
         self.folded: dict[str, set[str]] = {}
         for p in known:
             self.folded.setdefault(fold(p), set()).add(p)

@@ -50,6 +50,7 @@ def _warm(workspace: Path) -> None:
     """Import what a run process needs and probe what it would probe, so each fork has it."""
     import docker  # noqa: F401
 
+    from airlockd.pathmatch import matcher
     from airlockd.policy import load_policy
     from airlockd.runs import carrier  # noqa: F401  (and with it the service)
     from airlockd.sandbox import docker as _engine  # noqa: F401  (the service imports them when asked)
@@ -59,8 +60,10 @@ def _warm(workspace: Path) -> None:
 
     with contextlib.suppress(Exception):  # a run process probes again, and says what fails
         overlay.unavailable(StateDir.for_workspace(workspace).root)
-    with contextlib.suppress(Exception):  # its patterns compiled: `re` keeps them for each fork
-        load_policy(workspace)
+    with contextlib.suppress(Exception):  # its patterns checked and its matchers made, for each fork
+        policy = load_policy(workspace).policy
+        matcher(policy.withhold.patterns, anywhere=True)
+        matcher(policy.defaults.protected_files)
 
 
 def serve(fd: int, workspace: Path) -> int:

@@ -318,7 +318,8 @@ def reserve_spare(client: Any, run_id: str, workspace: str) -> str | None:
     """Set one of this process's spares for `workspace` aside for a run another process carries
     (the daemon's run processes): renamed `claim_name(run_id)`, by its spare's name, so that no
     other run and no `drop_spares` takes it. Its container id (what that process is told to take:
-    `hold(claimed=...)`), or None when there is none."""
+    `hold(claimed=...)`), or None when there is none ready (one being made is not waited for:
+    that run's process makes its own in the same time, while the next spare is made)."""
     with _spares.lock:
         try:
             found = client.api.containers(filters={"label": [SPARE_LABEL, f"{WORKSPACE_LABEL}={workspace}"]})

@@ -38,13 +38,18 @@ def _daemon(args: argparse.Namespace, *, start: bool = False) -> Daemon | None:
     daemon = client.Daemon.connect(root)
     if daemon is not None and start:
         daemon = _on_this_engine(daemon, root)
-    if daemon is None and start:
+    for _ in range(2) if daemon is None and start else ():
         try:
             daemon = client.start_background(Path(args.workspace).resolve(), root)
         except client.DaemonGone as exc:
             raise AirlockError(str(exc), hint="run with --no-daemon to act without one") from None
         except client.RemoteError as exc:  # it could not start: say why, as it said it
             raise from_json(exc.message, exc.data) from None
+        # one that took the workspace first (an editor's opening it, another command's) may run
+        # agents elsewhere: the same check (a background one for another engine leaves: again)
+        daemon = _on_this_engine(daemon, root)
+        if daemon is not None:
+            break
     return daemon
 
 

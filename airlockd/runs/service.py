@@ -233,7 +233,10 @@ class Service:
             self.keeper = None
             self._drop_spares()
         elif self.for_daemon:
-            execution.settle(self)  # the holders it lets go of off the run's path
+            try:
+                execution.settle(self)  # the holders it lets go of off the run's path
+            except AirlockError as exc:
+                log.warning("holders let go of off the run's path not waited for: %s", exc.message)
 
     def _drop_spares(self) -> None:
         """The engine's holders made ahead for this workspace's runs (layers.py, "Spares"): only

@@ -36,7 +36,9 @@ run's holder is released (its upper layer read back), while the proposal is revi
 releases it off the proposal's path too (`release(later=True)`). Only the process that makes
 spares takes them, and it drops them when it closes (`drop_spares`, which first waits for what it
 is still releasing and making); a daemon that starts drops those a dead one left. An unused
-spare is an empty tmpfs and a `sleep`.
+spare is an empty tmpfs and a `sleep`. The daemon carries each run in a process of its own: it
+sets one of its spares aside for that run (`reserve_spare`: renamed `claim_name(run)`), and the
+run's process takes it by the id it is told (`hold(claimed=...)`, `_take_claim`); runs/ahead.py.
 """
 
 from __future__ import annotations

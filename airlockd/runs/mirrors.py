@@ -112,7 +112,11 @@ def sync_engine(service: Service) -> None:
             service.policy, level, owner=mirror_owner(), redactor=service.redactor,
             is_live=lambda r: run_live(service, r),
         )  # fmt: skip
-        held.lower(view.tree, stagers.view_version(view))
+        mirror = mirror_for(service.state.root, level)
+        with mirror.locked():  # no refresh rewrites the generation (no run holds it) while it travels
+            if mirror.serial() != view.serial or mirror.current() != view.generation:
+                continue  # refreshed again since: the change that did it syncs it
+            held.lower(view.tree, stagers.view_version(view))
 
 
 def walk_elsewhere(workspace: Path) -> Callable[[Level], None]:

@@ -71,6 +71,7 @@ ROLE = "upper-holder"
 WORKSPACE_LABEL = "airlockd.workspace"
 HELD_LABEL = "airlockd.held-for"  # not the run label: the holder is no container of the agent's
 SPARE_LABEL = "airlockd.spare-for"  # a holder made ahead: the cap it was made with (`spare_key`)
+MADE_LABEL = "airlockd.made"  # a random mark each holder's volume is made with: one not made so is not ours
 SPARE_PREFIX = "airlockd-spare-"
 HOLDER_PREFIX = "airlockd-hold-"
 CLAIM_PREFIX = "airlockd-claim-"  # a spare the daemon set aside for a run its run process carries
@@ -197,14 +198,28 @@ def _make(
     """The capped volume `vol` held mounted by the holder `name`; its mount point and the
     holder's id."""
     opts = f"{size_option(client, max(size_bytes, 1 << 20))},nr_inodes={inodes},mode=0755"
+    nonce = secrets.token_hex(8)  # this creation's: a volume of that name made by another is not ours
+    labels = {**labels, MADE_LABEL: nonce}
 
     def drop() -> None:
         _remove(client, name, vol)
+
+    def ours(found: dict[str, Any]) -> bool:
+        return (found.get("Labels") or {}).get(MADE_LABEL) == nonce
 
     try:
         client.volumes.create(
             name=vol, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts}, labels=labels
         )
+        if not ours(client.api.inspect_volume(vol)):
+            # the engine hands back a volume of that name that exists already (Docker does, with
+            # whatever it holds, and another may keep it mounted): never the agent's upper layer
+            raise EngineError(
+                f"the engine already has a volume named {vol}, which airlockd did not make: it is not"
+                " used as the run's upper layer",
+                hint=f"look at who made it (docker volume inspect {vol}); remove it if it is stale, then start"
+                " the run again",
+            )
         holder = client.containers.run(
             image,
             ["sleep", "infinity"],
@@ -228,7 +243,7 @@ def _make(
     except docker.errors.DockerException as exc:
         drop()
         raise _engine(f"to hold a capped upper layer ({name})", exc) from None
-    if (made.get("Options") or {}).get("type") != "tmpfs" or not (made.get("Labels") or {}).get(OWNER_LABEL):
+    if (made.get("Options") or {}).get("type") != "tmpfs" or not ours(made):
         # removed between its creation and the holder's, the engine makes the named volume
         # again for the holder: a plain directory on its disk, with no cap
         drop()
@@ -338,7 +353,8 @@ def reserve_spare(client: Any, run_id: str, workspace: str) -> str | None:
             try:
                 client.api.rename(name, claim_name(run_id))
             except docker.errors.DockerException as exc:
-                log.warning("spare holder %s not set aside: %s", name, exc)
+                log.warning("spare holder %s not set aside (removed): %s", name, exc)
+                _drop_spare(client, name, _mount(c, "Name"))  # no longer ours to give: it would stay
                 continue
             return str(c["Id"])
     return None
@@ -467,18 +483,16 @@ def drop_spares(client: Any, workspace: str, keep: str | None = None) -> bool:
             name = next((n.lstrip("/") for n in c.get("Names") or [] if n.lstrip("/").startswith(SPARE_PREFIX)), None)
             if name is None:
                 continue  # a run's now
-            mine = (c.get("Labels") or {}).get(SPARE_LABEL) == keep and c.get("State") == "running"
+            mine = (
+                (c.get("Labels") or {}).get(SPARE_LABEL) == keep
+                and c.get("State") == "running"
+                and (str(client.api.base_url), c["Id"]) in _spares.made
+            )
             if keep is not None and mine and not kept:
                 kept = True
                 continue
-            holdservice.drop(client, name)
             _spares.made.discard((str(client.api.base_url), c["Id"]))
-            try:
-                client.api.remove_container(name, force=True)
-            except docker.errors.NotFound:
-                continue  # taken by a run meanwhile (renamed): its volume is the run's now
-            with contextlib.suppress(docker.errors.NotFound):  # its volume (a spare's has its name)
-                client.api.remove_volume(_mount(c, "Name") or name, force=True)
+            _drop_spare(client, name, _mount(c, "Name") or name)  # its volume too (a spare's has its name)
         if keep is None:  # none is being made now: a volume alone was left by a spare cut short
             for name in _unmounted(client, [SPARE_LABEL, ws]):
                 try:  # never forced: Podman's force removes the containers that use it first
@@ -720,12 +734,37 @@ def _unmounted(client: Any, labels: list[str]) -> list[str]:
     return [v["Name"] for v in found if v["Name"] not in mounted]
 
 
-def drop_claim(client: Any, run_id: str) -> None:
-    """Remove the spare set aside for the run that it never took (and its volume)."""
-    with contextlib.suppress(docker.errors.DockerException):
+def drop_claim(client: Any, run_id: str, workspace: str | None = None) -> None:
+    """Remove the spare set aside for the run that it never took (of `workspace`, when said),
+    and its volume when that is a spare's (never forced: Podman's force would remove the
+    containers that use it first)."""
+    try:
         c = client.api.inspect_container(claim_name(run_id))
-        if (c.get("Config", {}).get("Labels") or {}).get(SPARE_LABEL):
-            _remove(client, claim_name(run_id), _mount(c, "Name") or volume_name(run_id))
+    except docker.errors.DockerException:
+        return
+    have = c.get("Config", {}).get("Labels") or {}
+    if not have.get(SPARE_LABEL) or (workspace is not None and have.get(WORKSPACE_LABEL) != workspace):
+        return
+    _drop_spare(client, claim_name(run_id), _mount(c, "Name"))
+
+
+def _drop_spare(client: Any, name: str, vol: str | None) -> None:
+    """Remove the spare container `name`, then its volume `vol` if it is a spare's (by name)."""
+    holdservice.drop(client, name)
+    try:
+        client.api.remove_container(name, force=True)
+    except docker.errors.NotFound:
+        return  # renamed meanwhile (taken by a run): its volume is that run's now
+    except docker.errors.DockerException as exc:
+        log.warning("cannot remove the spare holder %s: %s", name, exc)
+        return
+    if vol and vol.startswith(SPARE_PREFIX):
+        try:
+            client.api.remove_volume(vol)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            log.warning("cannot remove the spare volume %s: %s", vol, exc)
 
 
 def _remove(client: Any, holder: str | None, vol: str) -> None:
@@ -779,7 +818,7 @@ class EngineUpper:
         return reserve_spare(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""))
 
     def drop_claim(self, run_id: str) -> None:
-        drop_claim(self.client, run_id)
+        drop_claim(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""))
 
     def make_spare(self, size_bytes: int, inodes: int, owner: tuple[int, int], mode: int) -> None:
         labels = {**self.labels, OWNER_LABEL: "1", ROLE_LABEL: ROLE}

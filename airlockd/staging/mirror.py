@@ -289,10 +289,10 @@ class Mirror:
     def end(self, gen: int, changed: bool, run_id: str | None, is_live: Callable[[str], bool]) -> int:
         """Finish a refresh of `gen`: make it current, reference it for `run_id`, collect the
         generations nobody uses. Returns the serial (bumped when the mirror changed)."""
-        (self.root / "current").write_text(str(gen))
+        atomic_write_bytes(self.root / "current", str(gen).encode())
         serial = self.serial() + (1 if changed else 0)
-        if changed:
-            (self.root / "serial").write_text(str(serial))
+        if changed:  # whole or not at all: a serial read as 0 would name older content
+            atomic_write_bytes(self.root / "serial", str(serial).encode())
         (self.root / "refreshing").unlink()
         if run_id is not None:
             self.reference(gen, run_id)

@@ -317,6 +317,50 @@ def test_the_daemons_run_processes_take_the_spares_it_sets_aside(engine: str, tm
     assert not [n for n in left[1] if n.startswith(layers.SPARE_PREFIX)], left
 
 
+def test_a_volume_of_the_runs_name_another_made_is_never_its_upper_layer(engine: str, tmp_path: Path) -> None:
+    """On an engine others share, another may make the volume a run's holder would be named
+    (`airlockd-up-<run>`), tmpfs and labelled as ours, with files in it, and keep it mounted:
+    the engine hands it back on creation. It is refused as the run's upper layer, and neither it
+    nor its container is touched; a claim of another workspace is never dropped either."""
+    from airlockd.errors import EngineError
+    from airlockd.sandbox.volumes import OWNER_LABEL
+
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    run_id = f"sv{os.getpid() % 10000}0"
+    vol = layers.volume_name(run_id)
+    labels = {layers.WORKSPACE_LABEL: ws, layers.ROLE_LABEL: layers.ROLE, OWNER_LABEL: "1"}
+    client.volumes.create(
+        name=vol, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=8m"}, labels=labels
+    )
+    theirs = client.containers.run(
+        image_tag(), ["sh", "-c", "mkdir -p /v/upper && echo planted > /v/upper/evil.py && sleep infinity"],
+        name=f"atk-{run_id}", detach=True, network_mode="none", volumes={vol: {"bind": "/v"}},
+        ulimits=enginepaths.ulimits(client),
+    )  # fmt: skip
+    squat = client.containers.run(
+        image_tag(), ["sleep", "infinity"], name=layers.claim_name(run_id), detach=True, network_mode="none",
+        labels={**labels, layers.SPARE_LABEL: "x", layers.WORKSPACE_LABEL: ws + "-other"},
+        ulimits=enginepaths.ulimits(client),
+    )  # fmt: skip
+    try:
+        with pytest.raises(EngineError, match="did not make"):
+            _hold(client, run_id, ws, spare=False)
+        theirs.reload()
+        assert theirs.status == "running"
+        assert client.api.inspect_volume(vol)["Name"] == vol
+        layers.drop_claim(client, run_id, ws)  # not this workspace's claim: left alone
+        squat.reload()
+        assert squat.status == "running"
+    finally:
+        theirs.remove(force=True)
+        squat.remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_volume(vol)
+        layers.release(client, run_id, claim=False)
+    assert _left(client, ws) == ([], [])
+
+
 def test_a_look_alike_another_made_is_never_taken(engine: str, tmp_path: Path) -> None:
     """On an engine others share, anyone may make a container with a spare's labels and name:
     what its volume held would be shown as the agent's work. Only spares this process made are
@@ -366,7 +410,7 @@ def test_a_volume_the_engine_made_again_without_its_cap_is_refused(
 
     monkeypatch.setattr(VolumeCollection, "create", racing)
     try:
-        with pytest.raises(EngineError, match="not the capped tmpfs"):
+        with pytest.raises(EngineError, match=r"not the capped tmpfs|to hold a capped upper layer"):
             _hold(client, run_id, ws, spare=False)
     finally:
         monkeypatch.undo()

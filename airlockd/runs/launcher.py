@@ -54,12 +54,14 @@ def _warm(workspace: Path) -> None:
     from airlockd.policy import load_policy
     from airlockd.runs import carrier  # noqa: F401  (and with it the service)
     from airlockd.sandbox import docker as _engine  # noqa: F401  (the service imports them when asked)
-    from airlockd.sandbox import image  # noqa: F401
+    from airlockd.sandbox import enginepaths, image
     from airlockd.staging import overlay
     from airlockd.state import StateDir
 
     with contextlib.suppress(Exception):  # a run process probes again, and says what fails
         overlay.unavailable(StateDir.for_workspace(workspace).root)
+    with contextlib.suppress(Exception):  # the engine: its API version, kind, whether it sees our paths
+        enginepaths.learn(image.image_tag())
     with contextlib.suppress(Exception):  # its patterns checked and its matchers made, for each fork
         policy = load_policy(workspace).policy
         matcher(policy.withhold.patterns, anywhere=True)

@@ -39,6 +39,8 @@ _lock = threading.Lock()
 _seen: dict[str, bool] = {}  # the engine (ID, host, data root) -> the answer (Unix sockets share a base URL)
 _by_client: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _kinds: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+#: DOCKER_HOST -> (its API version, its kind, whether it sees this machine's paths), from `learn`
+_engines: dict[str, tuple[str, str, bool | None]] = {}
 _profiles: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _clean_images: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()  # no /workspace
 
@@ -83,9 +85,29 @@ def engine_limits(host: str | None = None) -> tuple[tuple[str, int, int], ...]:
 def connect(timeout: int = 60) -> Any:
     """A client of the engine `DOCKER_HOST` names (as the docker CLI reads it, TLS variables
     included). `ssh://` goes through this machine's `ssh` (its config, keys and agent, as the
-    docker CLI does), not a Python SSH library."""
-    ssh = os.environ.get("DOCKER_HOST", "").startswith("ssh://")
-    return docker.from_env(timeout=timeout, use_ssh_client=ssh)
+    docker CLI does), not a Python SSH library. An engine `learn` asked already in this process
+    (or in the one it was forked from) is not asked its API version and kind again."""
+    host = os.environ.get("DOCKER_HOST", "")
+    known = _engines.get(host)
+    client = docker.from_env(timeout=timeout, use_ssh_client=host.startswith("ssh://"), version=known and known[0])
+    if known is not None:
+        with _lock:
+            _kinds[client] = known[1]
+            if known[2] is not None:
+                _by_client[client] = known[2]
+    return client
+
+
+def learn(image: str | None = None, timeout: int = 10) -> None:
+    """Ask the engine `DOCKER_HOST` names its API version and kind, and with `image` whether it
+    sees this machine's paths, once, for `connect` (the daemon's launcher, before it forks run
+    processes: each then saves two round trips, and on a remote engine a probe container)."""
+    client = connect(timeout)
+    try:
+        seen = sees_local_paths(client, image) if image else None
+        _engines[os.environ.get("DOCKER_HOST", "")] = (str(client.api.api_version), kind(client), seen)
+    finally:
+        client.close()
 
 
 def kind(client: Any) -> str:

@@ -162,10 +162,11 @@ def hold(
     (`reserve_spare`), taken when it has the same cap."""
     labels = {**(labels or {}), OWNER_LABEL: "1", ROLE_LABEL: ROLE}
     _refuse_foreign(client, run_id, labels.get(WORKSPACE_LABEL))
-    release(client, run_id, claim=False)
     inodes = round_inodes(inodes)
     key = spare_key(size_bytes, inodes, owner, mode, image)
     held = _take_claim(client, run_id, claimed, key, labels) if claimed else None
+    if held is None:
+        release(client, run_id, claim=False)  # (a claim taken went through it: its rename says so)
     if held is None and spare:
         held = _take_spare(client, run_id, key, labels)
     if held is None:
@@ -319,13 +320,20 @@ def _take_claim(client: Any, run_id: str, cid: str, key: str, labels: dict[str, 
         and source
     )
     if not fits:
-        _remove(client, name, _mount(c, "Name") or volume_name(run_id))
+        _drop_spare(client, name, _mount(c, "Name"))
         return None
-    try:
-        client.api.rename(cid, holder_name(run_id))
-    except docker.errors.DockerException as exc:
-        log.warning("the spare holder set aside for run %s was not taken: %s", run_id, exc)
-        _remove(client, name, _mount(c, "Name") or volume_name(run_id))
+    for attempt in range(2):
+        try:
+            client.api.rename(cid, holder_name(run_id))
+            break
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and attempt == 0:  # a holder of an earlier attempt has the name
+                release(client, run_id, claim=False)
+                continue
+            log.warning("the spare holder set aside for run %s was not taken: %s", run_id, exc)
+        except docker.errors.DockerException as exc:
+            log.warning("the spare holder set aside for run %s was not taken: %s", run_id, exc)
+        _drop_spare(client, name, _mount(c, "Name"))
         return None
     threading.Thread(target=holdservice.open_for, args=(client, holder_name(run_id), MOUNT), daemon=True).start()
     return HeldLayers(run_id, PurePosixPath(str(source)))

@@ -330,9 +330,8 @@ def test_a_volume_of_the_runs_name_another_made_is_never_its_upper_layer(engine:
     run_id = f"sv{os.getpid() % 10000}0"
     vol = layers.volume_name(run_id)
     labels = {layers.WORKSPACE_LABEL: ws, layers.ROLE_LABEL: layers.ROLE, OWNER_LABEL: "1"}
-    client.volumes.create(
-        name=vol, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=8m"}, labels=labels
-    )
+    opts = {"type": "tmpfs", "device": "tmpfs", "o": layers.size_option(client, 8 * MiB)}  # as Podman says it
+    client.volumes.create(name=vol, driver="local", driver_opts=opts, labels=labels)
     theirs = client.containers.run(
         image_tag(), ["sh", "-c", "mkdir -p /v/upper && echo planted > /v/upper/evil.py && sleep infinity"],
         name=f"atk-{run_id}", detach=True, network_mode="none", volumes={vol: {"bind": "/v"}},

@@ -176,3 +176,39 @@ def test_a_container_removed_while_podman_lists_them_is_simply_gone() -> None:
     endless = RacingClient(races=100)
     with pytest.raises(EngineError, match="no such container"):
         DockerSandbox(endless).labelled_runs("/ws")  # type: ignore[arg-type]
+
+
+def test_an_engine_learnt_before_a_fork_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's launcher asks the engine its API version and kind once (`learn`); a client its
+    run processes connect is then made with that version and knows the kind (no /version twice)."""
+    from airlockd.sandbox import enginepaths
+
+    asked: list[object] = []
+
+    class _Api:
+        api_version = "1.41"
+
+    class _Client:
+        def __init__(self, version: object) -> None:
+            self.api = _Api()
+            asked.append(version)
+
+        def version(self) -> dict[str, object]:
+            asked.append("version()")
+            return {"Components": [{"Name": "Podman Engine"}]}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/learnt.sock")
+    monkeypatch.setattr(enginepaths, "_engines", {})
+    monkeypatch.setattr(enginepaths.docker, "from_env", lambda timeout, use_ssh_client, version: _Client(version))
+    enginepaths.learn()  # no image: whether it sees our paths is not asked
+    assert asked == [None, "version()"]  # asked: its version (auto), then its kind
+    asked.clear()
+    client = enginepaths.connect()
+    assert asked == ["1.41"] and enginepaths.kind(client) == enginepaths.PODMAN and asked == ["1.41"]
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/another.sock")
+    asked.clear()
+    enginepaths.connect()
+    assert asked == [None]  # another engine: asked as ever

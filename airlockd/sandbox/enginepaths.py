@@ -89,12 +89,14 @@ def connect(timeout: int = 60) -> Any:
     (or in the one it was forked from) is not asked its API version and kind again."""
     host = os.environ.get("DOCKER_HOST", "")
     known = _engines.get(host)
-    client = docker.from_env(timeout=timeout, use_ssh_client=host.startswith("ssh://"), version=known and known[0])
-    if known is not None:
-        with _lock:
-            _kinds[client] = known[1]
-            if known[2] is not None:
-                _by_client[client] = known[2]
+    ssh = host.startswith("ssh://")
+    if known is None:
+        return docker.from_env(timeout=timeout, use_ssh_client=ssh)
+    client = docker.from_env(timeout=timeout, use_ssh_client=ssh, version=known[0])  # not asked again
+    with _lock:
+        _kinds[client] = known[1]
+        if known[2] is not None:
+            _by_client[client] = known[2]
     return client
 
 

@@ -202,7 +202,7 @@ def test_an_engine_learnt_before_a_fork_is_not_asked_again(monkeypatch: pytest.M
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/learnt.sock")
     monkeypatch.setattr(enginepaths, "_engines", {})
-    monkeypatch.setattr(enginepaths.docker, "from_env", lambda timeout, use_ssh_client, version: _Client(version))
+    monkeypatch.setattr(enginepaths.docker, "from_env", lambda timeout, use_ssh_client, version=None: _Client(version))
     enginepaths.learn()  # no image: whether it sees our paths is not asked
     assert asked == [None, "version()"]  # asked: its version (auto), then its kind
     asked.clear()

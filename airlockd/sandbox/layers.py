@@ -416,9 +416,9 @@ class _Spares:
                 try:
                     cid = _make(client, name, name, image, size_bytes, inodes, {**labels, SPARE_LABEL: key})[1]
                     _put(client, name, [("upper", "dir", owner, mode), ("work", "dir", (0, 0), 0o700)])
-                    holdservice.open_for(client, name, MOUNT)
-                    with self.lock:
+                    with self.lock:  # ready to be taken (its service, for this process's own runs, follows)
                         self.made.add((str(client.api.base_url), cid))
+                    holdservice.open_for(client, name, MOUNT)
                 except EngineError as exc:
                     log.warning("no spare holder made ahead: %s", exc.message)
                     _remove(client, name, name)

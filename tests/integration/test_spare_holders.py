@@ -53,6 +53,15 @@ def _hold(
     )  # fmt: skip
 
 
+def _laid_out(client: Any, cid: str) -> bool:
+    """Whether the holder `cid` has its `upper/` and `work/` put in."""
+    try:
+        res = client.containers.get(cid).exec_run(["test", "-d", "/layers/work"], user="0:0")
+    except docker.errors.DockerException:
+        return False
+    return bool(res.exit_code == 0)
+
+
 def _fill(client: Any, run_id: str) -> str:
     """Write 16 MiB into the holder's capped filesystem: what the kernel says."""
     prog = "dd if=/dev/zero of=/layers/work/fill bs=1M count=16 2>&1; rm -f /layers/work/fill"
@@ -278,10 +287,12 @@ def test_the_daemons_run_processes_take_the_spares_it_sets_aside(engine: str, tm
         return doc
 
     def spare_made(other_than: str = "") -> dict[str, Any]:
+        """A spare the daemon made, once it is laid out (then it may be set aside for a run)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             made = [c for c in _spares(client, str(ws)) if c["Id"] != other_than and c["State"] == "running"]
-            if made:
+            if made and _laid_out(client, made[0]["Id"]):
+                time.sleep(0.5)
                 return made[0]
             time.sleep(0.1)
         raise AssertionError("the daemon made no spare holder")

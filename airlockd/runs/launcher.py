@@ -50,10 +50,10 @@ def _warm(workspace: Path) -> None:
     """Import what a run process needs and probe what it would probe, so each fork has it."""
     import docker  # noqa: F401
 
+    import airlockd.sandbox.docker  # noqa: F401  (the service imports it when asked)
     from airlockd.pathmatch import matcher
     from airlockd.policy import load_policy
     from airlockd.runs import carrier  # noqa: F401  (and with it the service)
-    from airlockd.sandbox import docker as _engine  # noqa: F401  (the service imports them when asked)
     from airlockd.sandbox import enginepaths, image
     from airlockd.staging import overlay
     from airlockd.state import StateDir

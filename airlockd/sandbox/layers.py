@@ -564,12 +564,17 @@ def _put(client: Any, holder: str, nodes: list[tuple[str, str, tuple[int, int], 
             ti.mode, ti.uid, ti.gid, ti.mtime = mode, uid, gid, now
             ti.devmajor = ti.devminor = 0
             tf.addfile(ti)
+    _put_archive(client, holder, buf.getvalue(), f"the layout of the upper layer in {holder}")
+
+
+def _put_archive(client: Any, holder: str, data: Any, what: str) -> None:
+    """Extract the tar `data` at the holder's mount; `what` it is, for the error."""
     try:
-        ok = client.api.put_archive(holder, MOUNT, buf.getvalue())
+        ok = client.api.put_archive(holder, MOUNT, data)
     except docker.errors.DockerException as exc:
-        raise _engine(f"to lay out the upper layer in {holder}", exc) from None
+        raise _engine(f"to put {what}", exc) from None
     if not ok:
-        raise EngineError(f"the engine refused the layout of the upper layer in {holder}")
+        raise EngineError(f"the engine refused {what}")
 
 
 def _exec(client: Any, holder: str, argv: list[str]) -> Iterator[bytes]:
@@ -638,12 +643,7 @@ def put_file(client: Any, held: HeldLayers, name: str, data: bytes) -> None:
         ti = tarfile.TarInfo(name)
         ti.size, ti.mode, ti.uid, ti.gid = len(data), 0o444, 0, 0
         tf.addfile(ti, io.BytesIO(data))
-    try:
-        ok = client.api.put_archive(holder, MOUNT, buf.getvalue())
-    except docker.errors.DockerException as exc:
-        raise _engine(f"to put {name} into the capped filesystem of run {held.run_id}", exc) from None
-    if not ok:
-        raise EngineError(f"the engine refused {name} in the capped filesystem of run {held.run_id}")
+    _put_archive(client, holder, buf.getvalue(), f"{name} into the capped filesystem of run {held.run_id}")
 
 
 def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
@@ -661,12 +661,7 @@ def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[i
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
             tf.add(str(src), arcname=name, recursive=True, filter=own)  # links are stored as links
         buf.seek(0)
-        try:
-            ok = client.api.put_archive(holder_name(held.run_id), MOUNT, buf)
-        except docker.errors.DockerException as exc:
-            raise _engine(f"to copy {src} into the capped filesystem of run {held.run_id}", exc) from None
-    if not ok:
-        raise EngineError(f"the engine refused to copy {src} into the capped filesystem of run {held.run_id}")
+        _put_archive(client, holder_name(held.run_id), buf, f"{src} into the capped filesystem of run {held.run_id}")
 
 
 def _statvfs(client: Any, holder: str) -> tuple[int, int, int]:

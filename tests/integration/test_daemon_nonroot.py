@@ -63,6 +63,14 @@ class Person:
         )
         return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
 
+    def logs(self, lines: int = 40) -> str:
+        """The tail of every daemon log under the user's state (what a failed assertion shows)."""
+        out = []
+        for log in sorted(self.state.rglob("daemon.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.relative_to(self.state)}\n" + "\n".join(tail))
+        return "\n".join(out)
+
     def info(self) -> dict[str, Any]:
         found = list(self.state.glob("*/serve.json"))
         return json.loads(found[0].read_text()) if found else {}
@@ -107,11 +115,14 @@ def test_a_user_in_the_docker_group_runs_decides_and_stops_through_the_daemon(pe
     code, run, err = person.cli("run", "--agent", "bot", "trap '' TERM; sleep 60")
     assert code == 0 and run["state"] == "admitted", err
     deadline = time.monotonic() + 60
-    while person.cli("show", run["id"])[1]["state"] != "running" and time.monotonic() < deadline:
+    while (shown := person.cli("show", run["id"])[1])["state"] != "running" and time.monotonic() < deadline:
+        assert shown["state"] in ("admitted", "staging", "running"), (
+            f"{shown['state']}: {shown.get('error')}\n{person.logs()}"
+        )
         time.sleep(0.2)
     t0 = time.monotonic()
     code, out, err = person.cli("stop", run["id"])
-    assert code == 4 and out["state"] == "stopped", (code, out, err)
+    assert code == 4 and out["state"] == "stopped", f"{code} {out['state']}: {out.get('error')} {err}\n{person.logs()}"
     assert time.monotonic() - t0 >= 1.5  # it waited for the grace, then the kill
     assert person.info()["pid"] == daemon["pid"]  # one daemon served all of it
 

@@ -159,7 +159,7 @@ class Defaults(_Model):
 
 
 class AgentConfig(_Model):
-    adapter: Literal["command", "codex"] = "command"
+    adapter: Literal["command", "codex", "claude"] = "command"
     command: list[str] = Field(default_factory=list)
     prompt: Literal["stdin", "argv"] = "stdin"
     image: str | None = None
@@ -309,14 +309,28 @@ class Rule(_Model):
     id: str | None = None
 
 
-class Gateway(_Model):
+Provider = Literal["openai", "anthropic", "generic"]
+# What a `[gateway.providers.NAME]` table means when it leaves a key out.
+PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "openai": {"upstream": "https://api.openai.com", "key_env": "OPENAI_API_KEY", "allowed": ["POST /v1/responses"]},
+    "anthropic": {
+        "upstream": "https://api.anthropic.com",
+        "key_env": "ANTHROPIC_API_KEY",
+        "allowed": ["POST /v1/messages"],
+    },
+    "generic": {},
+}
+
+
+class GatewayRoute(_Model):
+    """Where one provider's requests go, with which key, and which requests may go."""
+
     upstream: str = "https://api.openai.com"
     key_env: str | None = "OPENAI_API_KEY"
     key_file: str | None = None
     allowed: list[str] = Field(default_factory=lambda: ["POST /v1/responses"])
-    token_ttl_s: float = Field(3600, gt=0)
     # Which request headers of the agent pass upstream (see gateway/server.py PROVIDER_HEADERS).
-    provider: Literal["openai", "anthropic", "generic"] = "openai"
+    provider: Provider = "openai"
     # Set on every forwarded request, replacing whatever the agent sent (account, project, version).
     headers: dict[str, str] = Field(default_factory=dict)
     # More request headers the agent may send; credentials and hop headers never pass.
@@ -333,6 +347,38 @@ class Gateway(_Model):
             if any(ord(c) < 0x20 or ord(c) > 0x7E for c in value):
                 raise ValueError(f"header {name!r} has a control or non-ASCII character in its value")
         return v
+
+
+class Gateway(GatewayRoute):
+    """`[gateway]`: the route of command agents and of the provider it names, the run tokens'
+    lifetime, and a route per further provider (`[gateway.providers.anthropic]`: Claude Code's),
+    each with that provider's upstream, key and requests unless it says otherwise."""
+
+    token_ttl_s: float = Field(3600, gt=0)
+    providers: dict[Provider, GatewayRoute] = Field(default_factory=dict)
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _provider_defaults(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for name, table in v.items():
+            if isinstance(table, dict) and name in PROVIDER_DEFAULTS:
+                if table.get("provider", name) != name:
+                    raise ValueError(f"[gateway.providers.{name}] says provider = {table['provider']!r}; remove it")
+                table = {**PROVIDER_DEFAULTS[name], **table, "provider": name}
+            out[name] = table
+        return out
+
+    def route_for(self, provider: str | None) -> GatewayRoute | None:
+        """The route of `provider` (None: a command agent's, this table's own): this table when
+        it is for that provider, else the provider's own table, else this one when it is for any
+        (`generic`); None when the policy has none for it."""
+        if provider is None or self.provider == provider:
+            return self
+        own = {str(k): v for k, v in self.providers.items()}
+        return own.get(provider) or (self if self.provider == "generic" else None)
 
 
 class ClassifierConfig(_Model):

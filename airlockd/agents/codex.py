@@ -14,17 +14,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
-import subprocess
 from pathlib import Path
 
+from airlockd.agents import homes
 from airlockd.agents.command import Invocation
 from airlockd.policy import AgentConfig
 
 HOME_IN_CONTAINER = "/run/airlock/codex-home"
 TOKEN_ENV = "AIRLOCK_RUN_TOKEN"
-PROVIDER = "airlock"
-SESSION_FILE = "agent-session.json"  # in the run dir: which Codex session the run used
+PROVIDER_ID = "airlock"  # the model provider airlockd writes into its config
+PROVIDER = "openai"  # the protocol its gateway route speaks
 _ROLLOUT = re.compile(r"rollout-.*-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$")
 
 
@@ -33,11 +32,11 @@ def config_toml(base_url: str) -> str:
     (the container is the sandbox)."""
     return (
         "# Written by airlockd before each run; changes made here by the agent do not last.\n"
-        f'model_provider = "{PROVIDER}"\n'
+        f'model_provider = "{PROVIDER_ID}"\n'
         'approval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n'
         "\n"
-        f"[model_providers.{PROVIDER}]\n"
+        f"[model_providers.{PROVIDER_ID}]\n"
         'name = "airlockd model gateway"\n'
         f"base_url = {json.dumps(base_url)}\n"
         f'env_key = "{TOKEN_ENV}"\n'
@@ -72,35 +71,9 @@ def sessions(home: Path) -> dict[str, Path]:
     return found
 
 
-def resumable(home: Path, run_dir_of_previous: Path) -> str | None:
-    """The session id an earlier run used, if that session is still in the home."""
-    try:
-        sid = json.loads((run_dir_of_previous / SESSION_FILE).read_text()).get("session")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return sid if isinstance(sid, str) and sid in sessions(home) else None
-
-
 def write_config(home: Path, text: str) -> None:
-    """Write `home/config.toml` afresh: whatever is there (a symlink an agent left, pointing
-    anywhere on the host) is removed first, and the new file is created, never opened through
-    a link (O_EXCL | O_NOFOLLOW under the home's own descriptor)."""
-    dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        try:
-            st = os.stat("config.toml", dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            subprocess.run(["rm", "-rf", "--", str(home / "config.toml")], capture_output=True, check=False)
-        elif st is not None:
-            os.unlink("config.toml", dir_fd=dfd)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open("config.toml", flags, 0o644, dir_fd=dfd)  # the agent's user reads it
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-    finally:
-        os.close(dfd)
+    """Write `home/config.toml` afresh (homes.write_fresh: never through a link an agent left)."""
+    homes.write_fresh(home, "config.toml", text)
 
 
 def invocation(agent: AgentConfig, prompt: str, home: Path, base_url: str, *, resume: str | None = None) -> Invocation:

@@ -46,6 +46,29 @@ _LENT = "agent-home.json"  # in the run's folder: where the run's copy is
 INODES = 200_000
 
 
+def write_fresh(home: Path, name: str, text: str) -> None:
+    """Write `home/name` afresh (a file of the agent's configuration airlockd decides): whatever
+    is there (a symlink an agent left, pointing anywhere on the host; a directory) is removed
+    first, and the new file is created, never opened through a link (O_EXCL | O_NOFOLLOW under
+    the home's own descriptor)."""
+    dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            subprocess.run(["rm", "-rf", "--", str(home / name)], capture_output=True, check=False)
+        elif st is not None:
+            os.unlink(name, dir_fd=dfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=dfd)  # the agent's user reads it
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+    finally:
+        os.close(dfd)
+
+
 def home_bytes(home: Path) -> int:
     """What a copy of `home` takes (allocated bytes of everything in it, links not followed)."""
     return tree_bytes(home)

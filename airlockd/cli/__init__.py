@@ -273,9 +273,10 @@ def cmd_policy(args: argparse.Namespace) -> Any:
 def cmd_runtime(args: argparse.Namespace) -> Any:
     from airlockd.runs.runtime import build
 
-    built = build(
-        force=args.force, with_codex=getattr(args, "with_codex", False), progress=lambda m: print(m, file=sys.stderr)
-    )
+    agents = [a.strip() for part in args.with_agents or [] for a in part.split(",") if a.strip()]
+    if args.with_codex:
+        agents.append("codex")
+    built = build(force=args.force, agents=agents, progress=lambda m: print(m, file=sys.stderr))
     return built if args.json else print("\n".join(built.values()))
 
 
@@ -404,8 +405,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["build"])
     sp.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     sp.add_argument(
-        "--with-codex", action="store_true", help="also build the image with the Codex CLI (npm @openai/codex)"
+        "--with",
+        dest="with_agents",
+        action="append",
+        metavar="AGENTS",
+        help="also build an image with each of these agent CLIs, comma separated (codex, claude)",
     )
+    sp.add_argument("--with-codex", action="store_true", help="the same as --with codex")
     add("doctor", cmd_doctor, "check the engine, image, policy and state directory")
     sp = add("demo", cmd_demo, "a sample workspace and a scripted agent, end to end")
     sp.add_argument("--dir", dest="demo_dir", help="where to create the sample workspace")

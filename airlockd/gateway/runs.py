@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from airlockd.errors import PolicyError
 from airlockd.gateway.server import Gateway, Route
 from airlockd.policy import AgentConfig
 from airlockd.records import RunRecord
@@ -21,7 +22,8 @@ SOCKET_DIR = "/run/airlock/gw"  # where the run's socket directory is mounted, r
 SOCKET_NAME = "gateway.sock"
 PORT = 8181  # the forwarder's port on the container's loopback
 TOKEN_ENV = "AIRLOCK_RUN_TOKEN"
-BASE_URL = f"http://127.0.0.1:{PORT}/v1"
+ORIGIN = f"http://127.0.0.1:{PORT}"  # what Anthropic clients append /v1/messages to
+BASE_URL = f"{ORIGIN}/v1"  # what OpenAI clients append /responses, /chat/completions to
 
 _lock = threading.Lock()
 _gateway: Gateway | None = None
@@ -37,19 +39,31 @@ def process_gateway() -> Gateway:
 
 
 def uses_gateway(cfg: AgentConfig) -> bool:
-    """Codex always talks to its model through the gateway; a command agent when it asks."""
-    return cfg.network == "gateway" or cfg.adapter == "codex"
+    """An agent CLI (codex, claude) always talks to its model through the gateway; a command
+    agent when it asks."""
+    return cfg.network == "gateway" or cfg.adapter != "command"
 
 
-def open_for_run(service: Any, rec: RunRecord, cfg: AgentConfig) -> tuple[dict[str, str], list[tuple[Path, str, bool]]]:
-    """Open the run's gate; the environment and mounts that give its container the model and
-    nothing else. The real key is read here, masked everywhere, and never leaves memory."""
-    route = Route.from_policy(service.policy.gateway)
+def open_for_run(
+    service: Any, rec: RunRecord, cfg: AgentConfig, provider: str | None = None
+) -> tuple[dict[str, str], list[tuple[Path, str, bool]]]:
+    """Open the run's gate to `provider`'s route (None: `[gateway]`'s own, a command agent's);
+    the environment and mounts that give its container the model and nothing else. The real key
+    is read here, masked everywhere, and never leaves memory."""
+    gw = service.policy.gateway
+    table = gw.route_for(provider)
+    if table is None:
+        raise PolicyError(
+            f"agent {rec.agent!r} ({cfg.adapter}) speaks the {provider} API, and the policy has no route for it:"
+            f" [gateway] is for {gw.provider}",
+            hint=f"add [gateway.providers.{provider}] (upstream, key_env, allowed) to policies.toml",
+        )
+    route = Route.from_policy(table)
     service.redactor.add(route.key)
     d = service.state.run_dir(rec.id) / "gw"
     d.mkdir(mode=0o755, exist_ok=True)
     os.chmod(d, 0o755)  # the container's user must reach the socket inside it
-    ttl = min(service.policy.gateway.token_ttl_s, cfg.limits.wall_time_s + 60)
+    ttl = min(gw.token_ttl_s, cfg.limits.wall_time_s + 60)
     token = process_gateway().open_run(
         rec.id,
         rec.agent,
@@ -75,6 +89,8 @@ def open_for_run(service: Any, rec: RunRecord, cfg: AgentConfig) -> tuple[dict[s
         TOKEN_ENV: token,
         "OPENAI_API_KEY": token,  # what OpenAI clients look for: the run token, never the real key
         "OPENAI_BASE_URL": BASE_URL,
+        "ANTHROPIC_API_KEY": token,  # what Anthropic clients look for (sent as x-api-key)
+        "ANTHROPIC_BASE_URL": ORIGIN,
     }
     return env, [(d, SOCKET_DIR, True)]
 

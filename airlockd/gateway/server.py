@@ -1,11 +1,13 @@
 """The model gateway: one Unix socket per run, forwarding only allowed requests to the upstream.
 
 Each run gets its own socket (in its state dir, mounted into that run's container only). A request
-passes when it carries the run's token (`Authorization: Bearer alrt_...` or `x-api-key`) and its
-"METHOD /path" is in the policy's allow-list; the token is then swapped for the real key, which is
-read from the environment or a file when the run's gate opens and kept in memory only. Responses
-stream through chunk by chunk (SSE is never buffered whole) while their `usage` is read; a run
-whose token budget runs out mid-stream has that stream cut and every later request refused.
+passes when it carries the run's token (`Authorization: Bearer alrt_...`, `x-api-key`, or for
+Gemini `x-goog-api-key` or a `key=` query parameter) and its "METHOD /path" is in the policy's
+allow-list; the token is then swapped for the real key where the agent put it (a query `key` goes
+upstream as `x-goog-api-key`, never in the URL), which is read from the environment or a file when
+the run's gate opens and kept in memory only. Responses stream through chunk by chunk (SSE is never
+buffered whole) while their usage is read (usage.py, per protocol); a run whose token budget runs
+out mid-stream has that stream cut and every later request refused.
 Everything refused gets a clear status (401, 403, 404, 405, 413, 429) and an audit event.
 
 It runs on its own asyncio loop in a background thread (`Gateway`), so it works the same in
@@ -22,6 +24,7 @@ import os
 import socket
 import stat
 import threading
+import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,7 +314,7 @@ class Gateway:
         path = _path(req)
         headers = _headers(req)
         where = {"method": method, "path": path[:200]}
-        token = _bearer(headers)
+        token, _ = _run_token(headers, req.target.decode("ascii", "replace"))
         try:
             if token is None:
                 raise TokenRefused("no run token")
@@ -359,12 +362,19 @@ class Gateway:
         if dropped:
             log.info("gateway: run %s: request headers not passed upstream: %s", gate.run_id, ", ".join(dropped)[:500])
         out.extend(route.set_headers)
-        out.append(("authorization", f"Bearer {gate.route.key}"))
-        if any(k == "x-api-key" for k, _ in headers):
-            out.append(("x-api-key", gate.route.key))
+        _, where = _run_token(headers, target)
+        if where in ("x-goog-api-key", "query"):  # Gemini: its key header, and no bearer (read as OAuth)
+            out.append(("x-goog-api-key", route.key))
+        elif where == "x-api-key" or route.provider == "anthropic":  # Anthropic: its key header alone
+            out.append(("x-api-key", route.key))  # (a bearer there is an OAuth token, not an API key)
+        else:
+            out.append(("authorization", f"Bearer {route.key}"))
         out.append(("accept-encoding", "identity"))  # usage is read from the bytes as they pass
+        target, dropped_query = _without_key_param(target)
+        if dropped_query:
+            log.info("gateway: run %s: query parameter key not passed upstream", gate.run_id)
         client = self._upstream()
-        request = client.build_request(method, gate.route.upstream + target, headers=out, content=body)
+        request = client.build_request(method, route.upstream + target, headers=out, content=body)
         try:
             try:
                 resp = await client.send(request, stream=True)
@@ -461,14 +471,41 @@ def _quietly(fn: RefusedHook, reason: str, data: dict[str, Any]) -> None:
         log.exception("gateway: recording a refusal failed")
 
 
-def _bearer(headers: list[tuple[str, str]]) -> str | None:
+def _run_token(headers: list[tuple[str, str]], target: str) -> tuple[str | None, str]:
+    """(the token the request carries, where: "authorization", "x-api-key", "x-goog-api-key",
+    "query" (a `key=` parameter) or "" when none). A bearer is taken whatever it holds (a wrong
+    one is refused by name); the other places only when they hold something shaped as a run token."""
     for k, v in headers:
         if k == "authorization" and v[:7].lower() == "bearer ":
-            return v[7:].strip()
-    for k, v in headers:
-        if k == "x-api-key" and v.strip().startswith(PREFIX):
-            return v.strip()
-    return None
+            return v[7:].strip(), "authorization"
+    for name in ("x-api-key", "x-goog-api-key"):
+        for k, v in headers:
+            if k == name and v.strip().startswith(PREFIX):
+                return v.strip(), name
+    for param in _key_params(target):
+        if param.startswith(PREFIX):
+            return param, "query"
+    return None, ""
+
+
+def _key_params(target: str) -> list[str]:
+    """The values of the target's `key` query parameters, decoded."""
+    query = target.partition("?")[2]
+    if not query:
+        return []
+    return [v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k == "key"]
+
+
+def _without_key_param(target: str) -> tuple[str, bool]:
+    """The target without its `key` query parameters (a credential: Google's API key, or the run
+    token in its place), every other byte kept; and whether one was there."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target, False
+    kept = [p for p in query.split("&") if urllib.parse.unquote_plus(p.partition("=")[0]) != "key"]
+    if len(kept) == len(query.split("&")):
+        return target, False
+    return (f"{path}?{'&'.join(kept)}" if kept else path), True
 
 
 def _suspicious(path: str) -> bool:

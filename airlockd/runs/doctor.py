@@ -62,6 +62,27 @@ def run_checks(workspace: Path) -> list[Check]:
 
     checks.append(_check("runtime image", image, "airlockd runtime build"))
 
+    wanted: list[str] = []  # the agent CLIs this workspace's agents use
+
+    def agent_images() -> str:
+        from airlockd.policy import load_policy
+        from airlockd.sandbox.image import agent_images as found_images
+
+        if client is None:
+            raise RuntimeError("no engine to ask")
+        wanted.extend(sorted({a.adapter for a in load_policy(workspace).policy.agents.values()} - {"command"}))
+        have = found_images(client)
+        missing = [name for name in wanted if name not in have]
+        if missing:
+            raise RuntimeError(f"no image with {', '.join(missing)} (the policy's agents use it)")
+        held = ", ".join(f"{name} ({tag.rpartition('-')[2]})" for name, tag in sorted(have.items()))
+        return f"images with {held}" if held else "no agent CLI image (no agent of this policy needs one)"
+
+    check = _check("agent images", agent_images, "")
+    if not check["ok"]:
+        check["fix"] = "airlockd runtime build --with " + ",".join(wanted or ["codex,claude"])
+    checks.append(check)
+
     def builder() -> str:
         from airlockd.sandbox.image import find_debootstrap
 

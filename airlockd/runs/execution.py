@@ -245,7 +245,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     run_dir = svc.state.run_dir(rec.id)
     held = held_upper(svc, rec.agent) if stagers.held_run(run_dir) else None
     inv = agent_wiring.prepare(svc, rec, cfg, prompt, held)  # opens the run's model gateway if it has one
-    lent_home = cfg.adapter == "codex"  # its home's copy is staged, not grown (agents/homes.py)
+    lent_home = cfg.adapter != "command"  # an agent CLI's home: its copy is staged, not grown (agents/homes.py)
     if lent_home and rec.growth_capped and (used := used_bytes(svc, rec)()) is not None:
         rec = svc.store.update_run(rec.id, lambda r: setattr(r, "staged_bytes", max(r.staged_bytes, used)))
     uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())

@@ -3,16 +3,19 @@ any image registry; this asks the engine first, so a stopped engine is one clear
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from airlockd.errors import EngineError
 from airlockd.sandbox import enginepaths
-from airlockd.sandbox.image import ensure_codex_image, ensure_image
+from airlockd.sandbox.image import agent_cli, ensure_agent_image, ensure_image
 
 
-def build(*, force: bool = False, with_codex: bool = False, progress: Callable[[str], None]) -> dict[str, str]:
-    """Build (or, unless `force`, find) the runtime image, and with `with_codex` the same image
-    plus the Codex CLI under its own tag: {"image": tag[, "codex_image": tag]}."""
+def build(*, force: bool = False, agents: Iterable[str] = (), progress: Callable[[str], None]) -> dict[str, str]:
+    """Build (or, unless `force`, find) the runtime image, and for each of `agents` the same image
+    plus that agent's CLI under its own tag: {"image": tag, "<agent>_image": tag, ...}."""
+    wanted = list(dict.fromkeys(agents))
+    for name in wanted:
+        agent_cli(name)  # an unknown name is refused before anything is built
     try:
         client = enginepaths.connect()
         client.ping()
@@ -22,6 +25,6 @@ def build(*, force: bool = False, with_codex: bool = False, progress: Callable[[
             hint="run scripts/ensure-docker.sh (or start dockerd)",
         ) from None
     built = {"image": ensure_image(client, force=force, progress=progress)}
-    if with_codex:
-        built["codex_image"] = ensure_codex_image(client, force=force, progress=progress)
+    for name in wanted:
+        built[f"{name}_image"] = ensure_agent_image(client, name, force=force, progress=progress)
     return built

@@ -268,10 +268,10 @@ class Service:
         cfg = self.policy.agent(agent)
         if cfg.image:
             return str(cfg.image)
-        if cfg.adapter == "codex":  # the runtime image with the Codex binary (`runtime build --with-codex`)
-            from airlockd.sandbox.image import codex_image_tag
+        if cfg.adapter != "command":  # the runtime image with the agent's CLI (`runtime build --with NAME`)
+            from airlockd.sandbox.image import agent_image_tag
 
-            return codex_image_tag()
+            return agent_image_tag(cfg.adapter)
         return image_tag()
 
     # -- events (the LSP server subscribes; the CLI does not) ---------------------------------

@@ -23,6 +23,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -455,74 +456,128 @@ def _build_top(client: Any, defn: ImageDefinition, root: Path, base: str, tag: s
         raise EngineError(f"building {tag} failed: {exc}", hint=_ENGINE_FIX) from None
 
 
-# ---- Codex CLI on top (`airlockd runtime build --with-codex`) ------------------------------------
+# ---- Agent CLIs on top (`airlockd runtime build --with codex,claude`) ---------------------------
 
-CODEX_PACKAGE = "@openai/codex"
-CODEX_VERSION = "0.171.0"  # pinned: the image tag names it, so a new version means a new image
-CODEX_IN_IMAGE = "/usr/local/bin/codex"
-_CODEX_BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
+
+@dataclass(frozen=True)
+class AgentCli:
+    """One agent CLI from npm, added to the runtime image as a layer of its own: one binary (no
+    node at run time), under the image tag `<runtime digest>-<name>-<version>`."""
+
+    name: str  # the adapter's name in the policy
+    package: str
+    version: str  # pinned: the image tag names it, so a new version means a new image
+    binary: str  # the binary's path in the npm prefix
+    size_hint: str  # what the layer adds, for `runtime build`'s progress
+
+    @property
+    def in_image(self) -> str:
+        return f"/usr/local/bin/{self.name}"
+
+
+AGENT_CLIS: dict[str, AgentCli] = {
+    "codex": AgentCli(
+        "codex",
+        "@openai/codex",
+        "0.171.0",
+        "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
+        "about 300 MB",
+    ),
+    # The native (Bun-compiled, glibc-only) binary in the package's optional dependency for
+    # x86_64 Linux; `bin/claude.exe` is a hard link to it (../shared/design/AGENT-CLIS.md).
+    "claude": AgentCli(
+        "claude",
+        "@anthropic-ai/claude-code",
+        "2.1.332",
+        "node_modules/@anthropic-ai/claude-code-linux-x64/claude",
+        "about 380 MB",
+    ),
+}
+CODEX_VERSION = AGENT_CLIS["codex"].version
+CODEX_IN_IMAGE = AGENT_CLIS["codex"].in_image
+
+
+def agent_cli(name: str) -> AgentCli:
+    try:
+        return AGENT_CLIS[name]
+    except KeyError:
+        raise EngineError(
+            f"no agent CLI named {name!r} can be added to the runtime image",
+            hint=f"name one of: {', '.join(sorted(AGENT_CLIS))}",
+        ) from None
+
+
+def agent_image_tag(name: str, root: Path | None = None, version: str | None = None) -> str:
+    """`airlockd-runtime:<runtime digest>-<name>-<version>`: changes with runtime/ and the version."""
+    return f"{image_tag(root)}-{name}-{version or agent_cli(name).version}"
 
 
 def codex_image_tag(root: Path | None = None, version: str = CODEX_VERSION) -> str:
-    """`airlockd-runtime:<runtime digest>-codex-<version>`: changes with runtime/ and the version."""
-    return f"{image_tag(root)}-codex-{version}"
+    return agent_image_tag("codex", root, version)
 
 
-def codex_cache(version: str = CODEX_VERSION) -> Path:
+def agent_cache(name: str, version: str | None = None) -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "airlockd" / f"codex-{version}"
+    return Path(base) / "airlockd" / f"{name}-{version or agent_cli(name).version}"
 
 
-def codex_binary(progress: Progress = print, version: str = CODEX_VERSION) -> Path:
-    """The static Linux Codex binary from the npm package, installed into a cache dir with npm
+def agent_binary(name: str, progress: Progress = print, version: str | None = None) -> Path:
+    """The agent CLI's Linux binary from its npm package, installed into a cache dir with npm
     (the registry npm is configured with) when it is not there yet."""
-    cache = codex_cache(version)
-    binary = cache / _CODEX_BINARY
+    cli = agent_cli(name)
+    version = version or cli.version
+    cache = agent_cache(name, version)
+    binary = cache / cli.binary
     if binary.is_file():
         return binary
     npm = shutil.which("npm")
     if npm is None:
         raise EngineError(
-            f"npm is not installed; it fetches the Codex CLI ({CODEX_PACKAGE}@{version})",
-            hint="apt-get install npm, then retry `airlockd runtime build --with-codex`",
+            f"npm is not installed; it fetches the {name} CLI ({cli.package}@{version})",
+            hint=f"apt-get install npm, then retry `airlockd runtime build --with {name}`",
         )
     cache.mkdir(parents=True, exist_ok=True)
-    progress(f"runtime image: npm install {CODEX_PACKAGE}@{version}")
-    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"{CODEX_PACKAGE}@{version}"]
+    progress(f"runtime image: npm install {cli.package}@{version} ({cli.size_hint})")
+    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"{cli.package}@{version}"]
     _run_streaming(argv, progress, what="npm install")
     if not binary.is_file():
         raise EngineError(
-            f"npm installed {CODEX_PACKAGE}@{version} but {_CODEX_BINARY} is not in it",
+            f"npm installed {cli.package}@{version} but {cli.binary} is not in it",
             hint="this build supports x86_64 Linux only; check `npm ls` in " + str(cache),
         )
     return binary
 
 
-def ensure_codex_image(
+def ensure_agent_image(
     client: Any,
+    name: str,
     *,
     force: bool = False,
     progress: Progress = print,
     root: Path | None = None,
-    version: str = CODEX_VERSION,
+    version: str | None = None,
 ) -> str:
-    """The runtime image plus the Codex binary at /usr/local/bin/codex; built when missing."""
+    """The runtime image plus the agent CLI `name` at /usr/local/bin/<name>; built when missing."""
+    cli = agent_cli(name)
+    version = version or cli.version
     base = ensure_image(client, force=force, progress=progress, root=root)
-    tag = codex_image_tag(root, version)
+    tag = agent_image_tag(name, root, version)
     if not force and _has_image(client, tag):
         return tag
-    binary = codex_binary(progress, version)
-    progress(f"runtime image: adding Codex {version} -> {tag}")
-    dockerfile = (f"FROM {base}\nCOPY codex {CODEX_IN_IMAGE}\nLABEL airlockd.codex={json.dumps(version)}\n").encode()
+    binary = agent_binary(name, progress, version)
+    progress(f"runtime image: adding {name} {version} -> {tag}")
+    label = f"airlockd.agent.{name}"
+    dockerfile = (f"FROM {base}\nCOPY {name} {cli.in_image}\nLABEL {label}={json.dumps(version)}\n").encode()
     with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as fh:
         with tarfile.open(fileobj=fh, mode="w") as tar:
             info = tarfile.TarInfo("Dockerfile")
             info.size, info.mode = len(dockerfile), 0o644
             tar.addfile(info, io.BytesIO(dockerfile))
-            ti = tar.gettarinfo(str(binary), arcname="codex")
+            ti = tar.gettarinfo(str(binary), arcname=name)
             ti.uid = ti.gid = 0
             ti.uname = ti.gname = "root"
             ti.mode = 0o755
+            ti.type, ti.linkname = tarfile.REGTYPE, ""  # the binary, not the npm tree's hard link
             with binary.open("rb") as src:
                 tar.addfile(ti, src)
         fh.seek(0)
@@ -537,3 +592,21 @@ def ensure_codex_image(
         except _ENGINE_FAILURES as exc:
             raise EngineError(f"building {tag} failed: {exc}", hint=_ENGINE_FIX) from None
     return tag
+
+
+def ensure_codex_image(
+    client: Any,
+    *,
+    force: bool = False,
+    progress: Progress = print,
+    root: Path | None = None,
+    version: str = CODEX_VERSION,
+) -> str:
+    """The runtime image plus the Codex binary at /usr/local/bin/codex; built when missing."""
+    return ensure_agent_image(client, "codex", force=force, progress=progress, root=root, version=version)
+
+
+def agent_images(client: Any, root: Path | None = None) -> dict[str, str]:
+    """Agent name -> the tag of its image on this engine, for each agent CLI whose image (at the
+    pinned version, over this runtime) is there."""
+    return {name: tag for name in AGENT_CLIS if _has_image(client, tag := agent_image_tag(name, root))}

@@ -1,0 +1,118 @@
+"""The agent CLI adapters' one shape (agents/claude.py beside agents/codex.py): the command line,
+the environment that keeps the CLI quiet and pointed at the gateway, the sessions found in its
+home (never through a link), the file airlockd rewrites before every run, the gateway route each
+provider gets, and the runtime build's names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airlockd.agents import claude, codex, wiring
+from airlockd.errors import EngineError
+from airlockd.gateway import runs as gateway_runs
+from airlockd.policy import AgentConfig, Gateway, load_policy
+
+SID = "0123abcd-0123-4567-89ab-0123456789ab"
+
+
+def test_claude_runs_headless_with_its_home_and_the_gateway_and_resumes_by_id(tmp_path: Path) -> None:
+    cfg = AgentConfig(adapter="claude", command=["--model", "claude-sonnet-5"], env={"A": "1"})
+    inv = claude.invocation(cfg, "-rf / is not an option", tmp_path, gateway_runs.ORIGIN, resume=SID)
+    assert inv.argv[:2] == ["claude", "-p"] and "--dangerously-skip-permissions" in inv.argv
+    assert inv.argv[-2:] == ["--", "-rf / is not an option"]  # a prompt is never read as an option
+    assert inv.argv[inv.argv.index("--resume") + 1] == SID and "--model" in inv.argv
+    assert inv.env["CLAUDE_CONFIG_DIR"] == claude.HOME_IN_CONTAINER and inv.env["A"] == "1"
+    assert inv.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8181"  # it appends /v1/messages itself
+    assert inv.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert "ANTHROPIC_API_KEY" not in inv.env  # the run's token comes with the gateway, never from here
+    assert inv.mounts == [(tmp_path, claude.HOME_IN_CONTAINER, False)] and inv.stdin_file is None
+    assert "--resume" not in claude.invocation(cfg, "p", tmp_path, gateway_runs.ORIGIN).argv
+
+
+def test_claude_settings_are_rewritten_and_a_link_in_their_place_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.json"
+    victim.write_text('{"hooks": "host file"}\n')
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.json").symlink_to(victim)
+    claude.invocation(AgentConfig(adapter="claude"), "p", home, gateway_runs.ORIGIN)
+    assert victim.read_text() == '{"hooks": "host file"}\n'
+    assert not (home / "settings.json").is_symlink() and (home / "settings.json").read_text() == claude.SETTINGS
+    (home / "settings.json").unlink()
+    (home / "settings.json").mkdir()  # a directory an agent made there goes too
+    (home / "settings.json" / "x").write_text("x")
+    claude.invocation(AgentConfig(adapter="claude"), "p", home, gateway_runs.ORIGIN)
+    assert (home / "settings.json").read_text() == claude.SETTINGS
+
+
+def test_claude_sessions_are_one_level_under_projects_and_never_through_a_link(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "projects" / "-workspace").mkdir(parents=True)
+    (home / "projects" / "-workspace" / f"{SID}.jsonl").write_text("{}\n")
+    (home / "projects" / "-workspace" / "notes.jsonl").write_text("{}\n")
+    elsewhere = tmp_path / "host"
+    elsewhere.mkdir()
+    other = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+    (elsewhere / f"{other}.jsonl").write_text("{}\n")
+    (home / "projects" / "linked").symlink_to(elsewhere)
+    (home / "projects" / "-workspace" / f"{'e' * 8}-eeee-eeee-eeee-{'e' * 12}.jsonl").symlink_to(
+        elsewhere / f"{other}.jsonl"
+    )
+    assert set(claude.sessions(home)) == {SID}
+    (home / "projects").rename(tmp_path / "real-projects")
+    (home / "projects").symlink_to(tmp_path / "real-projects")
+    assert claude.sessions(home) == {}
+
+
+def test_a_follow_up_resumes_only_a_session_still_in_the_home(tmp_path: Path) -> None:
+    home, prev = tmp_path / "home", tmp_path / "prev"
+    (home / "projects" / "-workspace").mkdir(parents=True)
+    prev.mkdir()
+    (prev / wiring.SESSION_FILE).write_text(f'{{"session": "{SID}"}}')
+    assert wiring.resumable(claude, home, prev) is None  # rolled back: a fresh session
+    (home / "projects" / "-workspace" / f"{SID}.jsonl").write_text("{}\n")
+    assert wiring.resumable(claude, home, prev) == SID
+    assert wiring.resumable(codex, home, prev) is None  # another CLI's home has no such session
+
+
+def test_each_agent_cli_gets_its_providers_route(tmp_path: Path) -> None:
+    policy = load_policy(tmp_path).policy  # the shipped policy: [gateway] for OpenAI, a table for Anthropic
+    assert policy.gateway.route_for(None) is policy.gateway
+    assert policy.gateway.route_for(codex.PROVIDER) is policy.gateway
+    anthropic = policy.gateway.route_for(claude.PROVIDER)
+    assert anthropic is not None and anthropic.provider == "anthropic"
+    assert anthropic.upstream == "https://api.anthropic.com" and anthropic.key_env == "ANTHROPIC_API_KEY"
+    assert anthropic.allowed == ["POST /v1/messages"]
+
+    (tmp_path / "policies.toml").write_text(
+        '[gateway.providers.anthropic]\nupstream = "http://127.0.0.1:9"\nkey_file = "~/.anthropic-key"\n'
+    )
+    anthropic = load_policy(tmp_path).policy.gateway.route_for("anthropic")
+    assert anthropic is not None and anthropic.upstream == "http://127.0.0.1:9"  # the rest as shipped
+    assert anthropic.key_file == "~/.anthropic-key" and anthropic.allowed == ["POST /v1/messages"]
+
+    only_openai = Gateway()
+    assert only_openai.route_for("anthropic") is None  # open_for_run says what to add
+    generic = Gateway(provider="generic")
+    assert generic.route_for("anthropic") is generic and generic.route_for("openai") is generic
+    assert Gateway(provider="anthropic").route_for("anthropic") is not None
+
+
+def test_a_provider_table_cannot_claim_another_provider(tmp_path: Path) -> None:
+    from airlockd.errors import PolicyError
+
+    (tmp_path / "policies.toml").write_text('[gateway.providers.anthropic]\nprovider = "openai"\n')
+    with pytest.raises(PolicyError, match="provider"):
+        load_policy(tmp_path)
+
+
+def test_the_runtime_build_refuses_an_unknown_agent_before_asking_the_engine() -> None:
+    from airlockd.runs.runtime import build
+    from airlockd.sandbox.image import AGENT_CLIS, agent_image_tag, image_tag
+
+    with pytest.raises(EngineError, match="no agent CLI named 'gemini'"):
+        build(agents=["claude", "gemini"], progress=lambda m: None)
+    assert set(AGENT_CLIS) == {"codex", "claude"}
+    assert agent_image_tag("claude") == f"{image_tag()}-claude-{AGENT_CLIS['claude'].version}"

@@ -492,6 +492,15 @@ AGENT_CLIS: dict[str, AgentCli] = {
         "node_modules/@anthropic-ai/claude-code-linux-x64/claude",
         "about 380 MB",
     ),
+    # The native (Bun-compiled, glibc-only) binary; npm also installs a "baseline" build for CPUs
+    # without AVX2, which is not taken.
+    "opencode": AgentCli(
+        "opencode",
+        "opencode-ai",
+        "1.18.33",
+        "node_modules/opencode-linux-x64/bin/opencode",
+        "about 180 MB",
+    ),
 }
 CODEX_VERSION = AGENT_CLIS["codex"].version
 CODEX_IN_IMAGE = AGENT_CLIS["codex"].in_image

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.agents import claude, codex, wiring
+from airlockd.agents import claude, codex, opencode, wiring
 from airlockd.errors import EngineError
 from airlockd.gateway import runs as gateway_runs
 from airlockd.policy import AgentConfig, Gateway, load_policy
@@ -114,5 +114,72 @@ def test_the_runtime_build_refuses_an_unknown_agent_before_asking_the_engine() -
 
     with pytest.raises(EngineError, match="no agent CLI named 'gemini'"):
         build(agents=["claude", "gemini"], progress=lambda m: None)
-    assert set(AGENT_CLIS) == {"codex", "claude"}
+    assert set(AGENT_CLIS) == {"codex", "claude", "opencode"}
     assert agent_image_tag("claude") == f"{image_tag()}-claude-{AGENT_CLIS['claude'].version}"
+
+
+def _opencode_db(home: Path, *ids: str, schema: str = "CREATE TABLE session (id TEXT, directory TEXT)") -> Path:
+    import sqlite3
+
+    db = home.joinpath(*opencode.DB)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode = WAL")  # as opencode keeps it: the newest rows in the -wal file
+    con.execute(schema)
+    if ids:
+        con.executemany("INSERT INTO session VALUES (?, '/workspace')", [(i,) for i in ids])
+    con.commit()
+    return db  # left open: what a crashed agent leaves (the WAL not checkpointed)
+
+
+def test_opencode_gets_its_whole_config_from_the_environment_and_the_model_from_the_policy(tmp_path: Path) -> None:
+    import json
+
+    cfg = AgentConfig(adapter="opencode", command=["--model", "airlock/mock-model", "--variant", "high"])
+    inv = opencode.invocation(cfg, "--help", tmp_path, gateway_runs.BASE_URL, resume="ses_abcdefgh12345678")
+    assert inv.argv[:4] == ["opencode", "run", "--format", "json"] and "--auto" in inv.argv
+    assert inv.argv[-2:] == ["--", "--help"] and inv.argv[inv.argv.index("-m") + 1] == "airlock/mock-model"
+    assert inv.argv[inv.argv.index("--session") + 1] == "ses_abcdefgh12345678" and "--variant" in inv.argv
+    doc = json.loads(inv.env["OPENCODE_CONFIG_CONTENT"])
+    provider = doc["provider"]["airlock"]
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:8181/v1", "apiKey": "{env:AIRLOCK_RUN_TOKEN}"}
+    assert doc["model"] == doc["small_model"] == "airlock/mock-model" and list(provider["models"]) == ["mock-model"]
+    assert doc["share"] == "disabled" and doc["autoupdate"] is False
+    assert inv.env["XDG_DATA_HOME"] == opencode.HOME_IN_CONTAINER and inv.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    plain = opencode.invocation(AgentConfig(adapter="opencode"), "p", tmp_path, gateway_runs.BASE_URL)
+    assert "--session" not in plain.argv and plain.argv[plain.argv.index("-m") + 1] == "airlock/gpt-5"
+
+
+def test_opencode_sessions_are_read_from_a_copy_of_its_database(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    db = _opencode_db(home, "ses_aaaaaaaaaaaa1111", "ses_bbbbbbbbbbbb2222", "not-a-session-id")
+    before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in db.parent.iterdir()}
+    assert set(opencode.sessions(home)) == {"ses_aaaaaaaaaaaa1111", "ses_bbbbbbbbbbbb2222"}
+    assert {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in db.parent.iterdir()} == before  # untouched
+    assert opencode.sessions(tmp_path / "nothing") == {}
+
+
+def test_a_hostile_opencode_database_yields_nothing_and_never_hangs_the_reader(tmp_path: Path) -> None:
+    import time
+
+    victim = tmp_path / "victim.db"
+    _opencode_db(tmp_path / "elsewhere", "ses_cccccccccccc3333").rename(victim)
+    home = tmp_path / "home"
+    (home / "opencode").mkdir(parents=True)
+    (home / "opencode" / "opencode.db").symlink_to(victim)  # never followed
+    assert opencode.sessions(home) == {}
+
+    slow = tmp_path / "slow"
+    endless = (
+        "CREATE VIEW session AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)"
+        " SELECT 'ses_' || printf('%016d', i) AS id FROM n WHERE i < 0"
+    )
+    _opencode_db(slow, schema=endless)
+    t0 = time.monotonic()
+    assert opencode.sessions(slow) == {}  # the step budget ends it
+    assert time.monotonic() - t0 < 10
+
+    garbage = tmp_path / "garbage"
+    (garbage / "opencode").mkdir(parents=True)
+    (garbage / "opencode" / "opencode.db").write_bytes(b"SQLite format 3\0" + b"\xff" * 8192)
+    assert opencode.sessions(garbage) == {}

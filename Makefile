@@ -28,12 +28,12 @@ engine:
 	./scripts/ensure-docker.sh
 
 # cc: the image's gVisor compatibility library (runtime/compat/, airlockd/sandbox/compat.py).
-# --with codex,claude,opencode: also an image with each agent CLI (npm install of the pinned package into a
+# --with codex,claude,opencode,gemini: also an image with each agent CLI (npm install of the pinned package into a
 # cache dir; npm must be installed: apt-get install npm). Their tests build them too.
 image: setup engine
 	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
 	@command -v cc >/dev/null && test -e /usr/include/fcntl.h || (apt-get update -qq && apt-get install -y -qq gcc libc6-dev)
-	$(AIRLOCK) runtime build --with codex,claude,opencode
+	$(AIRLOCK) runtime build --with codex,claude,opencode,gemini
 
 demo: image
 	$(AIRLOCK) demo

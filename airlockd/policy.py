@@ -159,7 +159,7 @@ class Defaults(_Model):
 
 
 class AgentConfig(_Model):
-    adapter: Literal["command", "codex", "claude", "opencode"] = "command"
+    adapter: Literal["command", "codex", "claude", "opencode", "gemini"] = "command"
     command: list[str] = Field(default_factory=list)
     prompt: Literal["stdin", "argv"] = "stdin"
     image: str | None = None
@@ -309,7 +309,7 @@ class Rule(_Model):
     id: str | None = None
 
 
-Provider = Literal["openai", "anthropic", "generic"]
+Provider = Literal["openai", "anthropic", "gemini", "generic"]
 # What a `[gateway.providers.NAME]` table means when it leaves a key out.
 PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
     "openai": {"upstream": "https://api.openai.com", "key_env": "OPENAI_API_KEY", "allowed": ["POST /v1/responses"]},
@@ -317,6 +317,11 @@ PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
         "upstream": "https://api.anthropic.com",
         "key_env": "ANTHROPIC_API_KEY",
         "allowed": ["POST /v1/messages"],
+    },
+    "gemini": {
+        "upstream": "https://generativelanguage.googleapis.com",
+        "key_env": "GEMINI_API_KEY",
+        "allowed": ["POST /v1beta/models/*:streamGenerateContent", "POST /v1beta/models/*:generateContent"],
     },
     "generic": {},
 }

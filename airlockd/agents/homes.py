@@ -46,12 +46,20 @@ _LENT = "agent-home.json"  # in the run's folder: where the run's copy is
 INODES = 200_000
 
 
-def write_fresh(home: Path, name: str, text: str) -> None:
-    """Write `home/name` afresh (a file of the agent's configuration airlockd decides): whatever
-    is there (a symlink an agent left, pointing anywhere on the host; a directory) is removed
-    first, and the new file is created, never opened through a link (O_EXCL | O_NOFOLLOW under
-    the home's own descriptor)."""
+def write_fresh(home: Path, name: str, text: str, subdir: str | None = None) -> None:
+    """Write `home/[subdir/]name` afresh (a file of the agent's configuration airlockd decides):
+    whatever is there (a symlink an agent left, pointing anywhere on the host; a directory) is
+    removed first, and the new file is created, never opened through a link (O_EXCL | O_NOFOLLOW
+    under the home's own descriptor). `subdir` (one level) is made when it is not a directory,
+    owned as the home is (the agent writes beside the file)."""
     dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    if subdir is not None:
+        try:
+            dfd = _fresh_dir(dfd, home, subdir)
+        except BaseException:
+            os.close(dfd)
+            raise
+        home = home / subdir
     try:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -65,6 +73,26 @@ def write_fresh(home: Path, name: str, text: str) -> None:
         fd = os.open(name, flags, 0o644, dir_fd=dfd)  # the agent's user reads it
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+    finally:
+        os.close(dfd)
+
+
+def _fresh_dir(dfd: int, home: Path, name: str) -> int:
+    """`name` under the directory `dfd` as a directory (made, owned as `dfd` is, when it is
+    anything else), opened without following a link; `dfd` is closed."""
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dfd)
+            st = None
+        if st is None:
+            os.mkdir(name, 0o755, dir_fd=dfd)
+            owner = os.fstat(dfd)
+            os.chown(name, owner.st_uid, owner.st_gid, dir_fd=dfd, follow_symlinks=False)
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
     finally:
         os.close(dfd)
 

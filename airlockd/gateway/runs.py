@@ -91,6 +91,8 @@ def open_for_run(
         "OPENAI_BASE_URL": BASE_URL,
         "ANTHROPIC_API_KEY": token,  # what Anthropic clients look for (sent as x-api-key)
         "ANTHROPIC_BASE_URL": ORIGIN,
+        "GEMINI_API_KEY": token,  # what Gemini clients look for (sent as x-goog-api-key)
+        "GOOGLE_GEMINI_BASE_URL": ORIGIN,
     }
     return env, [(d, SOCKET_DIR, True)]
 

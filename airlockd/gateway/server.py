@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import threading
@@ -52,6 +54,7 @@ _PASS_PREFIX_COMMON = ("x-stainless-",)  # the official SDKs' platform telemetry
 PROVIDER_HEADERS: dict[str, frozenset[str]] = {
     "openai": frozenset({"openai-beta", "originator", "session_id", "conversation_id", "version"}),
     "anthropic": frozenset({"anthropic-version", "anthropic-beta", "x-app"}),
+    "gemini": frozenset({"x-goog-api-client"}),
     "generic": frozenset(),
 }
 # Never passed, whatever a policy adds: the gateway sets them, or they carry credentials or hops.
@@ -80,6 +83,18 @@ class Route:
     provider: str = "openai"  # which request headers pass (PROVIDER_HEADERS)
     set_headers: tuple[tuple[str, str], ...] = ()  # set on every forwarded request, replacing the agent's
     pass_headers: frozenset[str] = frozenset()  # more request headers the policy lets through
+
+    def allows(self, method: str, path: str) -> bool:
+        """Whether `METHOD /path` is in the allow-list: exactly, or by an entry with `*`, which
+        stands for one name (letters, digits, `.`, `_`, `-`: a model's, as in Gemini's
+        `/v1beta/models/*:streamGenerateContent`); never a path with `..`, `%`, `//` or `\\`."""
+        if (method, path) in self.allowed:
+            return True
+        return not _suspicious(path) and any(m == method and _pattern(p).fullmatch(path) for m, p in self.allowed)
+
+    def knows(self, path: str) -> bool:
+        """Whether some method is allowed on `path` (a 405 rather than a 404)."""
+        return any(self.allows(m, path) for m, _ in self.allowed)
 
     def passes(self, name: str) -> bool:
         """Whether the agent's request header `name` (lower case) goes upstream."""
@@ -322,8 +337,8 @@ class Gateway:
         except TokenRefused as exc:
             await self._refuse(gate, conn, writer, 401, f"run token refused: {exc.reason}", where)
             return False
-        if (method, path) not in gate.route.allowed:
-            if any(p == path for _, p in gate.route.allowed):
+        if not gate.route.allows(method, path):
+            if gate.route.knows(path):
                 await self._refuse(gate, conn, writer, 405, f"{method} is not allowed on {path}", where)
             elif _suspicious(path):
                 await self._refuse(gate, conn, writer, 403, "path refused", where)
@@ -439,6 +454,12 @@ class Gateway:
 # What sending on a kept-alive connection that the upstream had closed raises before any byte of
 # a response came back (the request was not taken, so sending it again on a new connection is safe).
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(allowed: str) -> re.Pattern[str]:
+    """An allow-list path as a pattern: `*` is one name, everything else itself."""
+    return re.compile("[A-Za-z0-9._-]+".join(re.escape(part) for part in allowed.split("*")))
 
 
 def _path(req: h11.Request) -> str:

@@ -461,14 +461,19 @@ def _build_top(client: Any, defn: ImageDefinition, root: Path, base: str, tag: s
 
 @dataclass(frozen=True)
 class AgentCli:
-    """One agent CLI from npm, added to the runtime image as a layer of its own: one binary (no
-    node at run time), under the image tag `<runtime digest>-<name>-<version>`."""
+    """One agent CLI from npm, added to the runtime image as a layer of its own, under the image
+    tag `<runtime digest>-<name>-<version>`: one binary at /usr/local/bin/<name> (no node at run
+    time), or, for a CLI that needs node, its files under /opt/airlockd/<name> and a launcher
+    there instead."""
 
     name: str  # the adapter's name in the policy
     package: str
     version: str  # pinned: the image tag names it, so a new version means a new image
-    binary: str  # the binary's path in the npm prefix
+    binary: str  # the binary's path in the npm prefix (with `launcher`: a file that must be there)
     size_hint: str  # what the layer adds, for `runtime build`'s progress
+    extra: tuple[str, ...] = ()  # more npm packages, pinned (a node runtime)
+    trees: tuple[tuple[str, str], ...] = ()  # (path in the npm prefix, path in the image), copied whole
+    launcher: str | None = None  # the script at /usr/local/bin/<name>, when not the binary itself
 
     @property
     def in_image(self) -> str:
@@ -500,6 +505,21 @@ AGENT_CLIS: dict[str, AgentCli] = {
         "1.18.33",
         "node_modules/opencode-linux-x64/bin/opencode",
         "about 180 MB",
+    ),
+    # A node bundle: node >= 20 (Debian 12's 18 fails on the bundle's regular expressions), from
+    # npm's `node` package, and the CLI's self-contained bundle; no native module is needed headless.
+    "gemini": AgentCli(
+        "gemini",
+        "@google/gemini-cli",
+        "0.61.0",
+        "node_modules/@google/gemini-cli/bundle/gemini.js",
+        "about 220 MB",
+        extra=("node@24.21.0",),
+        trees=(
+            ("node_modules/node/bin/node", "/opt/airlockd/gemini/node"),
+            ("node_modules/@google/gemini-cli", "/opt/airlockd/gemini/cli"),
+        ),
+        launcher='#!/bin/sh\nexec /opt/airlockd/gemini/node /opt/airlockd/gemini/cli/bundle/gemini.js "$@"\n',
     ),
 }
 CODEX_VERSION = AGENT_CLIS["codex"].version
@@ -547,7 +567,7 @@ def agent_binary(name: str, progress: Progress = print, version: str | None = No
         )
     cache.mkdir(parents=True, exist_ok=True)
     progress(f"runtime image: npm install {cli.package}@{version} ({cli.size_hint})")
-    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"{cli.package}@{version}"]
+    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"{cli.package}@{version}", *cli.extra]
     _run_streaming(argv, progress, what="npm install")
     if not binary.is_file():
         raise EngineError(
@@ -574,21 +594,25 @@ def ensure_agent_image(
     if not force and _has_image(client, tag):
         return tag
     binary = agent_binary(name, progress, version)
+    prefix = agent_cache(name, version)
     progress(f"runtime image: adding {name} {version} -> {tag}")
     label = f"airlockd.agent.{name}"
-    dockerfile = (f"FROM {base}\nCOPY {name} {cli.in_image}\nLABEL {label}={json.dumps(version)}\n").encode()
+    steps = [f"COPY tree{i} {dst}" for i, (_, dst) in enumerate(cli.trees)]
+    steps.append(f"COPY {name} {cli.in_image}")
+    dockerfile = (f"FROM {base}\n" + "\n".join(steps) + f"\nLABEL {label}={json.dumps(version)}\n").encode()
     with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as fh:
         with tarfile.open(fileobj=fh, mode="w") as tar:
-            info = tarfile.TarInfo("Dockerfile")
-            info.size, info.mode = len(dockerfile), 0o644
-            tar.addfile(info, io.BytesIO(dockerfile))
-            ti = tar.gettarinfo(str(binary), arcname=name)
-            ti.uid = ti.gid = 0
-            ti.uname = ti.gname = "root"
-            ti.mode = 0o755
-            ti.type, ti.linkname = tarfile.REGTYPE, ""  # the binary, not the npm tree's hard link
-            with binary.open("rb") as src:
-                tar.addfile(ti, src)
+            _add_bytes(tar, "Dockerfile", dockerfile, 0o644)
+            for i, (src, _) in enumerate(cli.trees):
+                tar.add(str(prefix / src), arcname=f"tree{i}", filter=_as_root)
+            if cli.launcher is not None:
+                _add_bytes(tar, name, cli.launcher.encode(), 0o755)
+            else:
+                ti = _as_root(tar.gettarinfo(str(binary), arcname=name))
+                ti.mode = 0o755
+                ti.type, ti.linkname = tarfile.REGTYPE, ""  # the binary, not the npm tree's hard link
+                with binary.open("rb") as src_file:
+                    tar.addfile(ti, src_file)
         fh.seek(0)
         try:
             stream = client.api.build(
@@ -601,6 +625,20 @@ def ensure_agent_image(
         except _ENGINE_FAILURES as exc:
             raise EngineError(f"building {tag} failed: {exc}", hint=_ENGINE_FIX) from None
     return tag
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _as_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    """An agent CLI's file as the image has it: root's, written by no one else."""
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = "root"
+    ti.mode &= 0o755
+    return ti
 
 
 def ensure_codex_image(

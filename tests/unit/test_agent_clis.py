@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.agents import claude, codex, opencode, wiring
+from airlockd.agents import claude, codex, gemini, opencode, wiring
 from airlockd.errors import EngineError
 from airlockd.gateway import runs as gateway_runs
 from airlockd.policy import AgentConfig, Gateway, load_policy
@@ -112,9 +112,9 @@ def test_the_runtime_build_refuses_an_unknown_agent_before_asking_the_engine() -
     from airlockd.runs.runtime import build
     from airlockd.sandbox.image import AGENT_CLIS, agent_image_tag, image_tag
 
-    with pytest.raises(EngineError, match="no agent CLI named 'gemini'"):
-        build(agents=["claude", "gemini"], progress=lambda m: None)
-    assert set(AGENT_CLIS) == {"codex", "claude", "opencode"}
+    with pytest.raises(EngineError, match="no agent CLI named 'goose'"):
+        build(agents=["claude", "goose"], progress=lambda m: None)
+    assert set(AGENT_CLIS) == {"codex", "claude", "opencode", "gemini"}
     assert agent_image_tag("claude") == f"{image_tag()}-claude-{AGENT_CLIS['claude'].version}"
 
 
@@ -183,3 +183,70 @@ def test_a_hostile_opencode_database_yields_nothing_and_never_hangs_the_reader(t
     (garbage / "opencode").mkdir(parents=True)
     (garbage / "opencode" / "opencode.db").write_bytes(b"SQLite format 3\0" + b"\xff" * 8192)
     assert opencode.sessions(garbage) == {}
+
+
+def test_gemini_runs_headless_with_its_settings_written_afresh_never_through_a_link(tmp_path: Path) -> None:
+    import json
+
+    home = tmp_path / "home"
+    home.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "settings.json").write_text('{"host": true}\n')
+    (home / ".gemini").symlink_to(victim)  # an agent's link where the settings folder was
+    cfg = AgentConfig(adapter="gemini", command=["-m", "gemini-3-pro", "--debug"])
+    inv = gemini.invocation(cfg, "--yolo=false; rm -rf /", home, gateway_runs.ORIGIN, resume=SID)
+    assert (victim / "settings.json").read_text() == '{"host": true}\n' and not (home / ".gemini").is_symlink()
+    settings = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False
+    assert inv.argv[-1] == "--prompt=--yolo=false; rm -rf /"  # one word, whatever it holds
+    assert inv.argv[inv.argv.index("--model") + 1] == "gemini-3-pro" and "--debug" in inv.argv
+    assert inv.argv[inv.argv.index("--resume") + 1] == SID and "--yolo" in inv.argv and "--skip-trust" in inv.argv
+    assert inv.env["HOME"] == gemini.HOME_IN_CONTAINER and inv.env["GOOGLE_GEMINI_BASE_URL"] == gateway_runs.ORIGIN
+    plain = gemini.invocation(AgentConfig(adapter="gemini"), "p", home, gateway_runs.ORIGIN)
+    assert plain.argv[plain.argv.index("--model") + 1] == gemini.DEFAULT_MODEL and "--resume" not in plain.argv
+
+
+def test_gemini_sessions_are_named_by_their_first_line_and_never_found_through_a_link(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    chats = home / ".gemini" / "tmp" / "workspace" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "session-2026-12-06T03-59-01234abc.jsonl").write_text(f'{{"sessionId": "{SID}"}}\n{{"$set": {{}}}}\n')
+    (chats / "session-2026-12-06T04-00-ffffffff.jsonl").write_text('{"sessionId": "../../etc"}\n')
+    (chats / "session-2026-12-06T04-01-eeeeeeee.jsonl").write_bytes(b"x" * 100_000)  # no line: nothing
+    elsewhere = tmp_path / "host"
+    elsewhere.mkdir()
+    other = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+    (elsewhere / "session-x.jsonl").write_text(f'{{"sessionId": "{other}"}}\n')
+    (home / ".gemini" / "tmp" / "linked").mkdir()
+    (home / ".gemini" / "tmp" / "linked" / "chats").symlink_to(elsewhere)
+    (chats / "session-2026-12-06T04-02-aaaaaaaa.jsonl").symlink_to(elsewhere / "session-x.jsonl")
+    assert set(gemini.sessions(home)) == {SID}
+
+
+def test_a_gemini_route_allows_its_models_by_name_and_nothing_around_them() -> None:
+    from airlockd.gateway.server import Route
+
+    route = Route.from_policy(
+        Gateway(
+            provider="gemini",
+            key_env=None,
+            key_file=None,
+            allowed=["POST /v1beta/models/*:streamGenerateContent", "POST /v1beta/models/*:generateContent"],
+        ).model_copy(update={"key_env": "PATH"})
+    )
+    assert route.allows("POST", "/v1beta/models/gemini-2.5-flash:streamGenerateContent")
+    assert route.allows("POST", "/v1beta/models/gemini-3.0-pro-preview_1:generateContent")
+    assert not route.allows("GET", "/v1beta/models/gemini-2.5-flash:generateContent")
+    assert route.knows("/v1beta/models/gemini-2.5-flash:generateContent")  # a 405, not a 404
+    for path in (
+        "/v1beta/models/a/b:generateContent",
+        "/v1beta/models/..:generateContent",
+        "/v1beta/models/%2e%2e:generateContent",
+        "/v1beta/models/:generateContent",
+        "/v1beta/models/x:generateContentX",
+        "/v1beta/files/x:generateContent",
+        "/v1beta/models/x:countTokens",
+    ):
+        assert not route.allows("POST", path), path

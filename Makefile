@@ -28,12 +28,13 @@ engine:
 	./scripts/ensure-docker.sh
 
 # cc: the image's gVisor compatibility library (runtime/compat/, airlockd/sandbox/compat.py).
-# --with codex,claude,opencode,gemini: also an image with each agent CLI (npm install of the pinned package into a
-# cache dir; npm must be installed: apt-get install npm). Their tests build them too.
+# --with codex,claude,opencode,gemini,aider: also an image with each agent CLI (npm install of the
+# pinned package into a cache dir, pip for Aider; npm must be installed: apt-get install npm).
+# Their tests build them too.
 image: setup engine
 	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
 	@command -v cc >/dev/null && test -e /usr/include/fcntl.h || (apt-get update -qq && apt-get install -y -qq gcc libc6-dev)
-	$(AIRLOCK) runtime build --with codex,claude,opencode,gemini
+	$(AIRLOCK) runtime build --with codex,claude,opencode,gemini,aider
 
 demo: image
 	$(AIRLOCK) demo

@@ -159,7 +159,7 @@ class Defaults(_Model):
 
 
 class AgentConfig(_Model):
-    adapter: Literal["command", "codex", "claude", "opencode", "gemini"] = "command"
+    adapter: Literal["command", "codex", "claude", "opencode", "gemini", "aider"] = "command"
     command: list[str] = Field(default_factory=list)
     prompt: Literal["stdin", "argv"] = "stdin"
     image: str | None = None

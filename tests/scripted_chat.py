@@ -5,7 +5,8 @@ Each POST to .../chat/completions takes the next `Reply` from the script: tool c
 and a usage block, streamed as the real API does with `stream_options.include_usage` (a chunk per
 tool call, a chunk with the finish reason, a last chunk with `usage` and no choices, `[DONE]`).
 A request without tools (a title or summary request) is answered by `untooled` and does not take
-a scripted reply. Every request is kept (path, headers, JSON body) for the test to read.
+a scripted reply, unless `every` (an agent that never sends tools: Aider).
+ Every request is kept (path, headers, JSON body) for the test to read.
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ class ScriptedChat:
         replies: list[Reply] | None = None,
         fallback: Callable[[Seen], Reply] | None = None,
         untooled: Callable[[Seen], Reply] | None = None,
+        *,
+        every: bool = False,
     ) -> None:
         self.replies = list(replies or [])
         self.fallback = fallback or (lambda seen: Reply(text="done"))
         self.untooled = untooled or (lambda seen: Reply(text="a title", prompt_tokens=3, completion_tokens=2))
         self.seen: list[Seen] = []
+        self.every = every
         self.sent_tokens = 0
         self._lock = threading.Lock()
         model = self
@@ -84,7 +88,7 @@ class ScriptedChat:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 seen = Seen(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                tooled = isinstance(body, dict) and bool(body.get("tools"))
+                tooled = every or (isinstance(body, dict) and bool(body.get("tools")))
                 with model._lock:
                     model.seen.append(seen)
                     if not tooled:
@@ -152,7 +156,7 @@ class ScriptedChat:
         self.httpd.server_close()
 
     def tooled(self) -> list[Seen]:
-        return [s for s in self.seen if isinstance(s.body, dict) and s.body.get("tools")]
+        return [s for s in self.seen if isinstance(s.body, dict) and (self.every or s.body.get("tools"))]
 
     def tool_results(self) -> list[str]:
         """The content of every tool message the client sent back, in order, each once."""

@@ -77,6 +77,13 @@ def write_fresh(home: Path, name: str, text: str, subdir: str | None = None) -> 
         os.close(dfd)
 
 
+def ensure_dir(home: Path, name: str) -> None:
+    """`home/name` (one level) as a directory owned as the home is: made when it is anything
+    else (a link an agent left is removed, never followed)."""
+    dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    os.close(_fresh_dir(dfd, home, name))
+
+
 def _fresh_dir(dfd: int, home: Path, name: str) -> int:
     """`name` under the directory `dfd` as a directory (made, owned as `dfd` is, when it is
     anything else), opened without following a link; `dfd` is closed."""

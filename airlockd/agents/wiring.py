@@ -2,7 +2,7 @@
 when the agent uses one, and the agent's home with its transactional snapshot.
 
 Every agent CLI adapter has one shape (agents/codex.py, agents/claude.py, agents/opencode.py,
-agents/gemini.py): `HOME_IN_CONTAINER`,
+agents/gemini.py, agents/aider.py): `HOME_IN_CONTAINER`,
 `PROVIDER` (the protocol its gateway route speaks), `sessions(home)` (id -> transcript) and
 `invocation(cfg, prompt, home, base_url, resume=)`; the image it needs is
 `sandbox/image.py`'s `AGENT_CLIS[adapter]`."""
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from airlockd.agents import claude, codex, gemini, homes, opencode, sessions
+from airlockd.agents import aider, claude, codex, gemini, homes, opencode, sessions
 from airlockd.agents.command import Invocation
 from airlockd.agents.command import invocation as command_invocation
 from airlockd.gateway import runs as gateway_runs
@@ -24,13 +24,20 @@ from airlockd.staging.base import HeldUpper
 
 AGENT_UID = (1000, 1000)
 SESSION_FILE = "agent-session.json"  # in the run dir: which session of the agent the run used
-CLIS: dict[str, Any] = {"codex": codex, "claude": claude, "opencode": opencode, "gemini": gemini}  # adapter -> module
+CLIS: dict[str, Any] = {  # adapter -> its module
+    "codex": codex,
+    "claude": claude,
+    "opencode": opencode,
+    "gemini": gemini,
+    "aider": aider,
+}
 # what each client appends its paths to
 BASE_URLS = {
     "codex": gateway_runs.BASE_URL,
     "claude": gateway_runs.ORIGIN,
     "opencode": gateway_runs.BASE_URL,
     "gemini": gateway_runs.ORIGIN,
+    "aider": gateway_runs.BASE_URL,
 }
 
 

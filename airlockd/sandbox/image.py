@@ -474,6 +474,9 @@ class AgentCli:
     extra: tuple[str, ...] = ()  # more npm packages, pinned (a node runtime)
     trees: tuple[tuple[str, str], ...] = ()  # (path in the npm prefix, path in the image), copied whole
     launcher: str | None = None  # the script at /usr/local/bin/<name>, when not the binary itself
+    # "pip": a Python package installed for the image's Python (PYTHON) into `site` of the cache,
+    # as wheels only (the build machine's own Python and platform do not matter)
+    installer: str = "npm"
 
     @property
     def in_image(self) -> str:
@@ -521,7 +524,23 @@ AGENT_CLIS: dict[str, AgentCli] = {
         ),
         launcher='#!/bin/sh\nexec /opt/airlockd/gemini/node /opt/airlockd/gemini/cli/bundle/gemini.js "$@"\n',
     ),
+    # A Python application (112 packages, its own pinned dependencies): a tree of its own on
+    # the image's Python, imported by the launcher alone (the agent's commands see no PYTHONPATH).
+    "aider": AgentCli(
+        "aider",
+        "aider-chat",
+        "0.86.2",
+        "site/aider/__main__.py",
+        "about 660 MB",
+        trees=(("site", "/opt/airlockd/aider"),),
+        launcher=(
+            '#!/bin/sh\nexec python3 -I -c \'import sys, runpy; sys.path.insert(0, "/opt/airlockd/aider");'
+            ' sys.argv[0] = "aider"; runpy.run_module("aider", run_name="__main__", alter_sys=True)\' "$@"\n'
+        ),
+        installer="pip",
+    ),
 }
+PYTHON = "3.11"  # the runtime image's Python (Debian 12's), which a pip-installed CLI runs on
 CODEX_VERSION = AGENT_CLIS["codex"].version
 CODEX_IN_IMAGE = AGENT_CLIS["codex"].in_image
 
@@ -559,6 +578,8 @@ def agent_binary(name: str, progress: Progress = print, version: str | None = No
     binary = cache / cli.binary
     if binary.is_file():
         return binary
+    if cli.installer == "pip":
+        return _pip_install(cli, version, cache, progress)
     npm = shutil.which("npm")
     if npm is None:
         raise EngineError(
@@ -575,6 +596,36 @@ def agent_binary(name: str, progress: Progress = print, version: str | None = No
             hint="this build supports x86_64 Linux only; check `npm ls` in " + str(cache),
         )
     return binary
+
+
+def _pip_install(cli: AgentCli, version: str, cache: Path, progress: Progress) -> Path:
+    """`pip install --target` of the CLI's package (from the index pip is configured with) as
+    wheels for the image's Python on x86_64 Linux, into a fresh `site` that replaces any half
+    made one."""
+    import sys
+
+    site, part = cache / "site", cache / "site.part"
+    shutil.rmtree(part, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    progress(f"runtime image: pip install {cli.package}=={version} ({cli.size_hint})")
+    platforms = [
+        a for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64") for a in ("--platform", p)
+    ]
+    argv = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        "--target", str(part), "--only-binary=:all:", *platforms, "--python-version", PYTHON,
+        "--implementation", "cp", "--abi", "cp" + PYTHON.replace(".", ""), "--abi", "abi3",
+        f"{cli.package}=={version}",
+    ]  # fmt: skip
+    _run_streaming(argv, progress, what="pip install")
+    if not (part / cli.binary.removeprefix("site/")).is_file():
+        raise EngineError(
+            f"pip installed {cli.package}=={version} but {cli.binary} is not in it",
+            hint="check `pip download " + f"{cli.package}=={version}` against the index pip uses",
+        )
+    shutil.rmtree(site, ignore_errors=True)
+    os.replace(part, site)
+    return cache / cli.binary
 
 
 def ensure_agent_image(

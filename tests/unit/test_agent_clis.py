@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airlockd.agents import claude, codex, gemini, opencode, wiring
+from airlockd.agents import aider, claude, codex, gemini, opencode, wiring
 from airlockd.errors import EngineError
 from airlockd.gateway import runs as gateway_runs
 from airlockd.policy import AgentConfig, Gateway, load_policy
@@ -114,7 +114,7 @@ def test_the_runtime_build_refuses_an_unknown_agent_before_asking_the_engine() -
 
     with pytest.raises(EngineError, match="no agent CLI named 'goose'"):
         build(agents=["claude", "goose"], progress=lambda m: None)
-    assert set(AGENT_CLIS) == {"codex", "claude", "opencode", "gemini"}
+    assert set(AGENT_CLIS) == {"codex", "claude", "opencode", "gemini", "aider"}
     assert agent_image_tag("claude") == f"{image_tag()}-claude-{AGENT_CLIS['claude'].version}"
 
 
@@ -250,3 +250,34 @@ def test_a_gemini_route_allows_its_models_by_name_and_nothing_around_them() -> N
         "/v1beta/models/x:countTokens",
     ):
         assert not route.allows("POST", path), path
+
+
+def test_aider_keeps_its_history_in_its_home_and_its_model_metadata_is_written_afresh(tmp_path: Path) -> None:
+    import json
+
+    home = tmp_path / "home"
+    home.mkdir()
+    victim = tmp_path / "victim.json"
+    victim.write_text("host\n")
+    (home / aider.METADATA).symlink_to(victim)
+    (home / aider.CHATS).symlink_to(tmp_path)  # an agent's link where its chats were
+    cfg = AgentConfig(adapter="aider", command=["--model", "openai/gpt-5-mini", "--edit-format", "diff"])
+    inv = aider.invocation(cfg, "--yes-always; /run rm -rf /", home, gateway_runs.BASE_URL)
+    assert victim.read_text() == "host\n" and not (home / aider.CHATS).is_symlink() and (home / aider.CHATS).is_dir()
+    meta = json.loads((home / aider.METADATA).read_text())
+    assert list(meta) == ["openai/gpt-5-mini"] and meta["openai/gpt-5-mini"]["litellm_provider"] == "openai"
+    assert inv.argv[-1] == "--message=--yes-always; /run rm -rf /"  # one word, whatever it holds
+    assert inv.argv[inv.argv.index("--model") + 1] == "openai/gpt-5-mini" and "--edit-format" in inv.argv
+    history = inv.argv[inv.argv.index("--chat-history-file") + 1]
+    assert history.startswith(f"{aider.HOME_IN_CONTAINER}/chats/") and "--restore-chat-history" not in inv.argv
+    assert {"--no-git", "--no-check-update", "--analytics-disable", "--yes-always"} <= set(inv.argv)
+    assert inv.env["OPENAI_API_BASE"] == gateway_runs.BASE_URL and inv.env["HOME"] == aider.HOME_IN_CONTAINER
+    assert "PYTHONPATH" not in inv.env
+    sid = "ab" * 16
+    (home / aider.CHATS / f"{sid}.md").write_text("# aider chat\n")
+    (home / aider.CHATS / "notes.md").write_text("x\n")
+    (home / aider.CHATS / f"{'cd' * 16}.md").symlink_to(victim)
+    assert set(aider.sessions(home)) == {sid}
+    again = aider.invocation(cfg, "more", home, gateway_runs.BASE_URL, resume=sid)
+    assert again.argv[again.argv.index("--chat-history-file") + 1] == f"{aider.HOME_IN_CONTAINER}/chats/{sid}.md"
+    assert "--restore-chat-history" in again.argv

@@ -188,18 +188,21 @@ def podman_engine() -> Iterator[str]:
 def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The engine a parametrised test runs on: "local" (the first), "remote" (the second, which
     sees none of this machine's paths) or "podman"; DOCKER_HOST points at it for the test, and
-    every airlockd image the first engine has for this runtime is loaded into it."""
+    every airlockd image the first engine has for this runtime is loaded into it, but the agent
+    CLIs' images other than those the test's module names in `AGENT_IMAGES`."""
     name: str = getattr(request, "param", "local")
     if name != "local":
         import docker
         import engines
 
-        from airlockd.sandbox.image import image_tag
+        from airlockd.sandbox.image import AGENT_CLIS, agent_image_tag, image_tag
 
         host = request.getfixturevalue("second_engine" if name == "remote" else "podman_engine")
+        wanted = set(getattr(request.module, "AGENT_IMAGES", ()))
+        skipped = {agent_image_tag(a) for a in AGENT_CLIS if a not in wanted}  # hundreds of MB each
         for img in docker.from_env().images.list(name="airlockd-runtime"):
             for tag in img.tags:
-                if tag.startswith(image_tag()):
+                if tag.startswith(image_tag()) and tag not in skipped:
                     engines.load(host, tag, name)
         monkeypatch.setenv("DOCKER_HOST", host)
     return name

@@ -24,6 +24,7 @@ from airlockd.records import RunState
 from airlockd.runs.service import Service
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+AGENT_IMAGES = ("aider",)  # loaded into the other engines (tests/conftest.py)
 
 KEY_ENV = "AIRLOCK_TEST_AIDER_UPSTREAM_KEY"
 # what the container's processes hold, with the run token masked (a proposal carrying it is denied)

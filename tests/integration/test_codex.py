@@ -20,6 +20,7 @@ from airlockd.records import RunState
 from airlockd.runs.service import Service
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+AGENT_IMAGES = ("codex",)  # loaded into the other engines (tests/conftest.py)
 
 KEY_ENV = "AIRLOCK_TEST_CODEX_UPSTREAM_KEY"
 PROBE = "env; cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u"

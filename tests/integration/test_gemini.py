@@ -22,6 +22,7 @@ from airlockd.records import RunState
 from airlockd.runs.service import Service
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+AGENT_IMAGES = ("gemini",)  # loaded into the other engines (tests/conftest.py)
 
 KEY_ENV = "AIRLOCK_TEST_GEMINI_UPSTREAM_KEY"
 PROBE = "env; cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u"

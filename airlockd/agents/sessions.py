@@ -2,9 +2,10 @@
 
 Before a run, the agent's home is copied aside (small: a Codex home is about a megabyte). When the
 run is approved (applied), the home stays as the run left it: the conversation is committed with
-the files. When it is rejected, expires, or ends without a proposal (stopped, killed, failed, over
-a limit), the copy is put back, so the next turn does not assume changes that never landed. Only
-the latest run to start on a home can roll it back: an older run's copy would also erase the turns
+the files, and the copy is kept while the run can be undone. When it is rejected, expires, or ends
+without a proposal (stopped, killed, failed, over a limit), the copy is put back, so the next turn
+does not assume changes that never landed; when an applied run is undone, likewise. Only the
+latest run to start on a home can roll it back: an older run's copy would also erase the turns
 that came after it, so that case is recorded and left alone.
 """
 
@@ -20,6 +21,7 @@ from airlockd.agents import homes
 from airlockd.records import RunRecord, RunState
 
 SNAPSHOT = "agent-home.before"
+APPLIED = "agent-home.applied"  # the same copy, once the run landed: what its undo puts back
 _ROLLBACK = frozenset(
     {
         RunState.REJECTED,
@@ -60,15 +62,25 @@ def snapshot(state_root: Path, rec: RunRecord, run_dir: Path) -> None:
 def settle(service: Any, rec: RunRecord, dst: RunState) -> None:
     """Commit or roll back the agent's conversation as the run's fate is decided."""
     run_dir = service.state.run_dir(rec.id)
+    fields = {"run": rec.id, "agent": rec.agent, "policy": rec.policy_revision}
+    if dst is RunState.UNDONE:
+        if (run_dir / APPLIED).is_dir():
+            _roll_back(service, rec, run_dir / APPLIED, dst, fields)
+        return
     snap = run_dir / SNAPSHOT
     if not snap.is_dir() or (dst is not RunState.APPLIED and dst not in _ROLLBACK):
         return
-    adir = agent_dir(service.state.root, rec.agent)
-    fields = {"run": rec.id, "agent": rec.agent, "policy": rec.policy_revision}
     if dst is RunState.APPLIED:
-        shutil.rmtree(snap, ignore_errors=True)
+        shutil.rmtree(run_dir / APPLIED, ignore_errors=True)
+        os.replace(snap, run_dir / APPLIED)  # kept for an undo (compacted with the run)
         service.audit.append("session.committed", **fields)
         return
+    _roll_back(service, rec, snap, dst, fields)
+
+
+def _roll_back(service: Any, rec: RunRecord, snap: Path, dst: RunState, fields: dict[str, Any]) -> None:
+    """Put the copy `snap` back as the agent's home, when `rec` is the latest run on it."""
+    adir = agent_dir(service.state.root, rec.agent)
     try:
         latest = (adir / "last-run").read_text().strip()
     except OSError:

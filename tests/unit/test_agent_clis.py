@@ -281,3 +281,40 @@ def test_aider_keeps_its_history_in_its_home_and_its_model_metadata_is_written_a
     again = aider.invocation(cfg, "more", home, gateway_runs.BASE_URL, resume=sid)
     assert again.argv[again.argv.index("--chat-history-file") + 1] == f"{aider.HOME_IN_CONTAINER}/chats/{sid}.md"
     assert "--restore-chat-history" in again.argv
+
+
+def test_undoing_an_applied_run_rolls_its_conversation_back_when_no_later_run_continued_it(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from airlockd.agents import sessions
+    from airlockd.records import RunState
+
+    events: list[tuple[str, dict[str, object]]] = []
+    svc = SimpleNamespace(
+        state=SimpleNamespace(root=tmp_path, run_dir=lambda run_id: tmp_path / "runs" / run_id),
+        audit=SimpleNamespace(append=lambda kind, **data: events.append((kind, data))),
+    )
+    home = sessions.home(tmp_path, "claude", None)
+    (home / "turns").write_text("before\n")
+
+    def run(run_id: str, turn: str) -> SimpleNamespace:
+        rec = SimpleNamespace(id=run_id, agent="claude", policy_revision="p")
+        svc.state.run_dir(run_id).mkdir(parents=True)
+        sessions.snapshot(tmp_path, rec, svc.state.run_dir(run_id))
+        (home / "turns").write_text(turn)
+        return rec
+
+    r1 = run("r1", "after r1\n")
+    sessions.settle(svc, r1, RunState.APPLIED)
+    assert (home / "turns").read_text() == "after r1\n" and events[-1][0] == "session.committed"
+    sessions.settle(svc, r1, RunState.UNDONE)
+    assert (home / "turns").read_text() == "before\n"
+    assert events[-1][0] == "session.rolled_back" and events[-1][1]["to_state"] == "undone"
+    assert not (svc.state.run_dir("r1") / sessions.APPLIED).exists()
+
+    r2 = run("r2", "after r2\n")
+    sessions.settle(svc, r2, RunState.APPLIED)
+    run("r3", "after r3\n")  # continued from r2's conversation
+    sessions.settle(svc, r2, RunState.UNDONE)
+    assert (home / "turns").read_text() == "after r3\n"  # r3's turns are not erased
+    assert events[-1][0] == "session.rollback_skipped" and "r3" in str(events[-1][1]["why"])

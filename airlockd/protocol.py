@@ -130,9 +130,24 @@ class AgentStatus(Wire):
     tokensUsed: int
 
 
+class RunOutput(Wire):
+    """`airlock/runOutput`: what a run's agent printed, live (its own account, never evidence):
+    whole lines, redacted, hidden characters escaped (runs/liveoutput.py); `dropped`: bytes not
+    shown since the last batch (past the rate the daemon forwards)."""
+
+    runId: str
+    text: str
+    dropped: int = 0
+
+
 class RunStatusEvent(Wire):
     type: Literal["runStatus"]
     payload: RunStatus
+
+
+class RunOutputEvent(Wire):
+    type: Literal["runOutput"]
+    payload: RunOutput
 
 
 class AgentStatusEvent(Wire):
@@ -148,10 +163,11 @@ class ProgressEvent(Wire):
     message: str
 
 
-StatusEvent = RunStatusEvent | AgentStatusEvent  # what the daemon forwards to the editors
+StatusEvent = RunStatusEvent | AgentStatusEvent | RunOutputEvent  # what the daemon forwards to the editors
+AnyRunEvent = RunStatusEvent | AgentStatusEvent | RunOutputEvent | ProgressEvent
 
 
-class RunEvent(RootModel[Annotated[RunStatusEvent | AgentStatusEvent | ProgressEvent, Field(discriminator="type")]]):
+class RunEvent(RootModel[Annotated[AnyRunEvent, Field(discriminator="type")]]):
     """One line the run process (`airlockd _execute --events`) writes on its stdout."""
 
     def line(self) -> str:
@@ -159,7 +175,7 @@ class RunEvent(RootModel[Annotated[RunStatusEvent | AgentStatusEvent | ProgressE
         return self.model_dump_json() + "\n"
 
     @classmethod
-    def of_line(cls, raw: str | bytes) -> RunStatusEvent | AgentStatusEvent | ProgressEvent:
+    def of_line(cls, raw: str | bytes) -> AnyRunEvent:
         """Parse one line; raises pydantic.ValidationError for anything that is not an event."""
         return cls.model_validate_json(raw).root
 

@@ -30,6 +30,7 @@ from airlockd.protocol import (
     RunArgs,
     RunDone,
     RunEvent,
+    RunOutput,
     RunProgress,
     RunResult,
     RunStatus,
@@ -45,6 +46,7 @@ class AirlockProtocol(BaseModel):
     runEvent: RunEvent
     runStatus: RunStatus
     agentStatus: AgentStatus
+    runOutput: RunOutput
     proposal: Proposal
     runResult: RunResult
     approveResult: ApproveResult

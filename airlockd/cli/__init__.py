@@ -347,6 +347,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--mode", choices=["review", "auto"])
     sp.add_argument("--follow-up", metavar="RUN")
     sp.add_argument("--wait", action="store_true", help="block until the run is proposed or ends")
+    sp.add_argument(
+        "--follow",
+        action="store_true",
+        help="--wait, printing what the agent prints as it works (its own account: redacted, never evidence)",
+    )
     sp.add_argument("prompt", help="the task ('-' reads it from standard input)")
     sp = add("_execute", cmd_execute, None)  # internal: the process that carries one run
     sp.add_argument("--resume", action="store_true")

@@ -105,8 +105,19 @@ def _hunks(args: argparse.Namespace) -> dict[str, list[str]] | None:
     return out or None
 
 
+def _shown(text: str, dropped: int, args: argparse.Namespace) -> None:
+    """What the agent printed (`run --follow`): on stdout, on stderr with --json (stdout is the
+    run's document then)."""
+    out = sys.stderr if args.json else sys.stdout
+    if dropped:
+        out.write(f"[… {dropped} bytes of the agent's output not shown: it printed faster than it is followed]\n")
+    out.write(text)
+    out.flush()
+
+
 def cmd_run(args: argparse.Namespace) -> Any:
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
+    args.wait = args.wait or args.follow
     daemon = _daemon(args, start=True)
     if daemon is not None:
         return _run_through(daemon, args, prompt)
@@ -119,6 +130,12 @@ def cmd_run(args: argparse.Namespace) -> Any:
             if not args.json:
                 print(f"[{stage}] {msg}", file=sys.stderr)
 
+        if args.follow:
+            svc.subscribe(
+                lambda event, payload: (
+                    _shown(payload["text"], payload.get("dropped", 0), args) if event == "runOutput" else None
+                )
+            )
         rec = svc.execute(rec.id, progress)
     else:  # the run continues in its own process; `airlockd show RUN` follows it
         import subprocess
@@ -133,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> Any:
     return run_doc(rec)
 
 
-PROGRESS, RUN_DONE = "airlock/progress", "airlock/runDone"  # lsp/runs.py
+PROGRESS, RUN_DONE, RUN_OUTPUT = "airlock/progress", "airlock/runDone", "airlock/runOutput"  # lsp/runs.py, status.py
 
 
 def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDoc:
@@ -141,7 +158,7 @@ def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDo
     from airlockd.lsp.client import DaemonGone
 
     if args.wait:
-        daemon.subscribe(PROGRESS, RUN_DONE)
+        daemon.subscribe(PROGRESS, RUN_DONE, *([RUN_OUTPUT] if args.follow else []))
     task: dict[str, Any] = {"agent": args.agent, "prompt": prompt}
     if args.mode:
         task["mode"] = args.mode
@@ -154,7 +171,9 @@ def _run_through(daemon: Daemon, args: argparse.Namespace, prompt: str) -> RunDo
                 note = daemon.wait_for(lambda n: (n.get("params") or {}).get("runId") == run_id)
                 if note["method"] == RUN_DONE:
                     break
-                if not args.json:
+                if note["method"] == RUN_OUTPUT:
+                    _shown(str(note["params"].get("text", "")), int(note["params"].get("dropped") or 0), args)
+                elif not args.json:
                     print(f"[{note['params']['stage']}] {note['params']['message']}", file=sys.stderr)
         except DaemonGone:  # it handed the workspace over: the run goes on; follow it in the store
             return _wait_in_store(args, run_id)

@@ -13,13 +13,14 @@ from typing import Any
 from airlockd.errors import AirlockError
 from airlockd.lsp import proposal
 from airlockd.lsp.server import AirlockServer
-from airlockd.protocol import ProgressEvent, RunEvent, RunStatusEvent, StatusEvent
+from airlockd.protocol import ProgressEvent, RunEvent, RunOutputEvent, RunStatusEvent, StatusEvent
 from airlockd.records import RunState
 
 log = logging.getLogger(__name__)
 
 RUN_STATUS = "airlock/runStatus"
 AGENT_STATUS = "airlock/agentStatus"
+RUN_OUTPUT = "airlock/runOutput"
 PROPOSAL = "airlock/proposal"
 
 
@@ -40,6 +41,8 @@ def on_event(ls: AirlockServer, ev: StatusEvent) -> None:
             run_id = ev.payload.runId
             ls.spawn(push_proposal(ls, run_id), name=f"proposal {run_id}")
             ls.proposal_changed(run_id)
+    elif isinstance(ev, RunOutputEvent):
+        ls.notify(RUN_OUTPUT, ev.payload.wire())
     else:
         ls.notify(AGENT_STATUS, ev.payload.wire())
 

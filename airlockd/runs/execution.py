@@ -19,6 +19,7 @@ from airlockd.gateway import runs as gateway_runs
 from airlockd.records import RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
+from airlockd.runs.liveoutput import LiveOutput
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import HeldUpper, StageRequest
@@ -319,9 +320,19 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
     ).start()
     gateway_runs.attach(rec.id, monitor)
+    live = LiveOutput(lambda text, dropped: svc.emit("runOutput", {"runId": rec.id, "text": text, "dropped": dropped}))
+
+    def on_output(chunk: bytes) -> None:
+        monitor.on_output(chunk)  # the limits first: a viewer's trouble never delays them
+        try:
+            live.feed(chunk)
+        except Exception:
+            log.exception("run %s: its output could not be shown live", rec.id)
+
     try:
-        found = start(monitor.on_output)
+        found = start(on_output)
     finally:
+        live.close()
         monitor.finish()  # no sample is published after this
         svc.store.drop_sample(rec.id)
     if found is None:

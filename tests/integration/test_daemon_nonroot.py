@@ -127,6 +127,23 @@ def test_a_user_in_the_docker_group_runs_decides_and_stops_through_the_daemon(pe
     assert person.info()["pid"] == daemon["pid"]  # one daemon served all of it
 
 
+def test_a_user_follows_the_agents_output_live_through_the_daemon_with_its_token_masked(person: Person) -> None:
+    policy = person.ws / "policies.toml"
+    policy.write_text(
+        policy.read_text()
+        + '[agents.talker]\ncommand = ["bash", "-c", "{prompt}"]\nprompt = "argv"\nnetwork = "gateway"\n'
+        + '[gateway]\nupstream = "http://127.0.0.1:9"\nkey_env = "AIRLOCK_TEST_FOLLOW_KEY"\n'
+    )
+    key = "sk-follow-" + "7" * 30
+    script = 'echo start; echo "token=$OPENAI_API_KEY"; printf "\\033[2J"; echo wiped; sleep 1; echo end'
+    code, run, err = person.cli("run", "--agent", "talker", "--follow", script, env={"AIRLOCK_TEST_FOLLOW_KEY": key})
+    assert code == 0 and run["state"] in ("proposed", "applied"), err
+    assert person.info()["mode"] == "background"  # through the daemon
+    lines = [line for line in err.splitlines() if not line.startswith("[")]  # --json: the account on stderr
+    assert lines == ["start", "token=[REDACTED]", "\\x1b[2Jwiped", "end"], err
+    assert "alrt_" not in err and key not in err
+
+
 def test_the_users_editor_takes_over_and_the_cli_becomes_its_client(person: Person) -> None:
     code, run, err = person.cli("run", "--agent", "bot", "--wait", "echo from-cli > c.txt")
     assert code == 0, err

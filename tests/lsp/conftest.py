@@ -58,7 +58,7 @@ def make_client() -> LanguageClient:
     def code_lens_refresh(ls: LanguageClient, params: None) -> None:
         rec.lens_refreshes += 1
 
-    for method in ("airlock/runStatus", "airlock/agentStatus", "airlock/proposal"):
+    for method in ("airlock/runStatus", "airlock/agentStatus", "airlock/proposal", "airlock/runOutput"):
 
         def handler(ls: LanguageClient, params: Any, method: str = method) -> None:
             rec.notes.setdefault(method, []).append(_plain(params))

@@ -329,6 +329,19 @@ async def test_policy_reload_and_expiry(client: LanguageClient) -> None:
     assert not (ws(client) / "hello.txt").exists()
 
 
+async def test_the_agents_own_account_streams_live_escaped(client: LanguageClient) -> None:
+    prompt = "echo one; sleep 1; echo two; printf '\\033]0;pwned\\007three\\n'; printf 'no end'"
+    r = await command(client, "airlock.runTask", {"agent": "bot", "prompt": prompt})
+
+    def shown() -> str:
+        return "".join(n["text"] for n in notes(client, "airlock/runOutput") if n["runId"] == r["runId"])
+
+    await wait_until(lambda: "one\n" in shown(), what="the first line while the run goes on")
+    assert "two" not in shown() and "proposed" not in states_of(client, r["runId"])  # live, not at the end
+    await wait_until(lambda: "no end" in shown(), what="the rest")
+    assert shown() == "one\ntwo\n\\x1b]0;pwned\\x07three\nno end\n"  # a terminal never sees the escape
+
+
 async def test_every_payload_is_its_wire_model(client: LanguageClient) -> None:
     """Everything the module's runs made the server send, and each command's answer, is exactly its
     model in airlockd.protocol (the source of the editors' generated types): no key missing, none
@@ -337,6 +350,7 @@ async def test_every_payload_is_its_wire_model(client: LanguageClient) -> None:
         "airlock/runStatus": protocol.RunStatus,
         "airlock/agentStatus": protocol.AgentStatus,
         "airlock/proposal": protocol.Proposal,
+        "airlock/runOutput": protocol.RunOutput,
     }
     for method, model in sent.items():
         got = notes(client, method)

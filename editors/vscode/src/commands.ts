@@ -27,6 +27,7 @@ import type { AirlockState, Daemon } from "./logic/state";
 import type { Paths } from "./ui/paths";
 import { summary } from "./ui/review";
 import type { StatusBar } from "./ui/statusBar";
+import type { AgentOutput } from "./ui/agentOutput";
 import type { EvidenceView } from "./ui/trees";
 
 export interface Deps {
@@ -35,6 +36,7 @@ export interface Deps {
   paths: Paths;
   statusBar: StatusBar;
   evidence: EvidenceView;
+  agentOutput?: AgentOutput;
 }
 
 interface HunkArg {
@@ -83,6 +85,7 @@ export class Commands {
       "airlockd.releaseAgent": (agent?: string) => this.releaseAgent(agent),
       "airlockd.showEvidence": (run?: string) => this.showEvidence(run),
       "airlockd.showLog": () => this.d.daemon.showLog(),
+      "airlockd.showAgentOutput": () => this.d.agentOutput?.show(),
       "airlockd.restart": () => this.d.daemon.restart(),
       "airlockd.statusActions": () => this.statusActions(),
     };

@@ -5,9 +5,10 @@
 import * as vscode from "vscode";
 
 import { displayAll } from "./logic/escape";
-import type { AgentInfo, AgentStatus, Proposal, RunStatus, RunSummary } from "./logic/protocol";
+import type { AgentInfo, AgentStatus, Proposal, RunOutput, RunStatus, RunSummary } from "./logic/protocol";
 import { AirlockState, type Daemon } from "./logic/state";
 import { Commands, describeError } from "./commands";
+import { AgentOutput } from "./ui/agentOutput";
 import { Paths, PROPOSED_SCHEME } from "./ui/paths";
 import { ProposedDocuments, ReviewContext, ReviewDecorations, ReviewLenses } from "./ui/review";
 import { StatusBar } from "./ui/statusBar";
@@ -41,7 +42,8 @@ export function activateWith(context: vscode.ExtensionContext, makeDaemon: Daemo
   const statusBar = new StatusBar(state);
   const evidence = new EvidenceView(state);
   const reviewTree = new ReviewTree(state);
-  const commands = new Commands({ daemon, state, paths, statusBar, evidence });
+  const agentOutput = new AgentOutput((runId) => state.runs.get(runId)?.agent);
+  const commands = new Commands({ daemon, state, paths, statusBar, evidence, agentOutput });
   commands.register(context);
 
   context.subscriptions.push(
@@ -51,6 +53,7 @@ export function activateWith(context: vscode.ExtensionContext, makeDaemon: Daemo
     vscode.window.registerTreeDataProvider("airlock.evidence", evidence),
     decorations,
     statusBar,
+    agentOutput,
     vscode.window.onDidChangeActiveTextEditor(() => {
       decorations.update();
       keys.update();
@@ -80,6 +83,7 @@ export function activateWith(context: vscode.ExtensionContext, makeDaemon: Daemo
     }
   });
   daemon.onNotification("airlock/agentStatus", (params) => state.setAgentStatus(params as AgentStatus));
+  daemon.onNotification("airlock/runOutput", (params) => agentOutput.add(params as RunOutput));
   daemon.onReady((ready) => {
     state.setConnected(ready);
     if (ready) void sync(daemon, state);

@@ -204,4 +204,30 @@ it('airlockd found without cmd: PATH, the workspace .venv, venv, ~/.local/bin, i
   assert(ok, err)
 end)
 
+it("the agent's output: runs under their headers, lines whole, escapes shown, what was dropped said", function()
+  local output = require('airlock.output')
+  output.reset()
+  output.add({ runId = 'r7', text = 'reading src/\\x1b[2J\nhalf ' }, 'claude')
+  output.add({ runId = 'r7', text = 'done\n', dropped = 2048 })
+  output.add({ runId = 'r8', text = 'other\tline\n\x1b[31mraw\n' })
+  eq({
+    '── run r7 (claude) ──',
+    'reading src/\\x1b[2J',
+    'half ',
+    '[… 2048 bytes not shown: the agent printed faster than it is followed]',
+    'done',
+    '── run r8 ──',
+    'other\tline',
+    '\\x1b[31mraw', -- one the daemon would have escaped is escaped here too
+  }, output.lines)
+  local b = output.show()
+  eq(output.name, vim.api.nvim_buf_get_name(b))
+  eq(output.lines, vim.api.nvim_buf_get_lines(b, 0, -1, false))
+  eq(false, vim.bo[b].modifiable)
+  output.add({ runId = 'r8', text = 'more\n' })
+  eq('more', vim.api.nvim_buf_get_lines(b, -2, -1, false)[1]) -- the shown buffer follows
+  vim.cmd('close')
+  output.reset()
+end)
+
 t.finish()

@@ -289,9 +289,12 @@ M.subcommands = {
   log = function()
     M.log()
   end,
+  output = function()
+    require('airlock.output').show()
+  end,
 }
 
-local ORDER = { 'run', 'followup', 'status', 'review', 'diff', 'accept', 'reject', 'undo', 'stop', 'kill', 'release', 'evidence', 'log' }
+local ORDER = { 'run', 'followup', 'status', 'review', 'diff', 'accept', 'reject', 'undo', 'stop', 'kill', 'release', 'evidence', 'output', 'log' }
 M.ORDER = ORDER
 
 function M.dispatch(opts)

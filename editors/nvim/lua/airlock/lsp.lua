@@ -53,6 +53,12 @@ local function handlers()
       end
       fire()
     end,
+    ['airlock/runOutput'] = function(_, params)
+      local run = state.runs[params.runId]
+      vim.schedule(function()
+        require('airlock.output').add(params, run and run.agent)
+      end)
+    end,
     ['airlock/proposal'] = function(_, params)
       local before = state.proposals[params.runId]
       state.on_proposal(params)

@@ -3,7 +3,7 @@
 /**
  * One line the run process (`airlockd _execute --events`) writes on its stdout.
  */
-export type RunEvent = RunStatusEvent | AgentStatusEvent | ProgressEvent;
+export type RunEvent = RunStatusEvent | AgentStatusEvent | RunOutputEvent | ProgressEvent;
 export type RunState =
   | "admitted"
   | "staging"
@@ -36,6 +36,7 @@ export interface AirlockProtocol {
   runEvent: RunEvent;
   runStatus: RunStatus;
   agentStatus: AgentStatus;
+  runOutput: RunOutput;
   proposal: Proposal;
   runResult: RunResult;
   approveResult: ApproveResult;
@@ -90,6 +91,20 @@ export interface AgentStatus {
   reason: string | null;
   runsUsed: number;
   tokensUsed: number;
+}
+export interface RunOutputEvent {
+  type: "runOutput";
+  payload: RunOutput;
+}
+/**
+ * `airlock/runOutput`: what a run's agent printed, live (its own account, never evidence):
+ * whole lines, redacted, hidden characters escaped (runs/liveoutput.py); `dropped`: bytes not
+ * shown since the last batch (past the rate the daemon forwards).
+ */
+export interface RunOutput {
+  runId: string;
+  text: string;
+  dropped?: number;
 }
 /**
  * A step of the run (work-done progress in the editor).

@@ -33,6 +33,7 @@ export type {
   HunkState,
   Mode,
   Proposal,
+  RunOutput,
   RunResult,
   RunState,
   RunStatus,

@@ -328,3 +328,18 @@ test("settings changes restart the daemon (the client debounces)", () => {
   void vscode.commands.executeCommand("airlockd.restart");
   assert.equal(daemon.restarts, 1);
 });
+
+test("the agent's output: each run under its header, what was dropped said, shown on the command", async () => {
+  daemon.notify("airlock/runStatus", { runId: "r7", agent: "claude", state: "running", elapsedS: 1, cpuPct: 1, memBytes: 1, outputBytes: 0, tokens: 0 });
+  daemon.notify("airlock/runOutput", { runId: "r7", text: "reading src/\\x1b[2J\n" });
+  daemon.notify("airlock/runOutput", { runId: "r7", text: "done\n", dropped: 2048 });
+  daemon.notify("airlock/runOutput", { runId: "r8", text: "other run\n" });
+  const channel = world.channels.get("Airlock: agent output")!;
+  assert.equal(
+    channel.text,
+    "── run r7 (claude) ──\nreading src/\\x1b[2J\n[… 2048 bytes not shown: the agent printed faster than it is followed]\ndone\n── run r8 ──\nother run\n",
+  );
+  assert.equal(channel.shown, 0); // never steals the view by itself
+  await world.commands.get("airlockd.showAgentOutput")!();
+  assert.equal(channel.shown, 1);
+});

@@ -136,6 +136,7 @@ export const world = {
   lensProviders: [] as { provideCodeLenses(d: TextDocument): CodeLens[] }[],
   trees: new Map<string, { getChildren(n?: unknown): unknown[]; getTreeItem(n: unknown): TreeItem }>(),
   appliedEdits: [] as unknown[],
+  channels: new Map<string, { text: string; shown: number }>(),
   config: {} as Record<string, unknown>,
   workspaceRoot: "/ws",
   reset(): void {
@@ -178,24 +179,36 @@ const activeEditorChanged = new EventEmitter<TextEditor | undefined>();
 export const window = {
   activeTextEditor: undefined as TextEditor | undefined,
   visibleTextEditors: [] as TextEditor[],
-  createOutputChannel: (name: string) => ({
-    name,
-    lines: [] as string[],
-    info(l: string) {
-      this.lines.push(l);
-    },
-    warn(l: string) {
-      this.lines.push(l);
-    },
-    error(l: string) {
-      this.lines.push(l);
-    },
-    appendLine(l: string) {
-      this.lines.push(l);
-    },
-    show() {},
-    dispose() {},
-  }),
+  createOutputChannel: (name: string) => {
+    const channel = {
+      name,
+      lines: [] as string[],
+      text: "",
+      shown: 0,
+      info(l: string) {
+        this.lines.push(l);
+      },
+      warn(l: string) {
+        this.lines.push(l);
+      },
+      error(l: string) {
+        this.lines.push(l);
+      },
+      append(t: string) {
+        this.text += t;
+      },
+      appendLine(l: string) {
+        this.lines.push(l);
+        this.text += `${l}\n`;
+      },
+      show() {
+        this.shown++;
+      },
+      dispose() {},
+    };
+    world.channels.set(name, channel);
+    return channel;
+  },
   createStatusBarItem: (id: string) => {
     const item = new StatusBarItem(id);
     world.statusItems.push(item);

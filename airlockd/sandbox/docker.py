@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,9 +44,11 @@ def _engine(action: str) -> Iterator[None]:
     try:
         yield
     except docker.errors.ImageNotFound as exc:
+        cli = re.search(r"airlockd-runtime:[0-9a-f]+-([a-z]+)-", _explain(exc))  # an agent CLI's image
+        build = f"airlockd runtime build --with {cli.group(1)}" if cli else "airlockd runtime build"
         raise EngineError(
             f"{action}: {_explain(exc)}",
-            hint="build the runtime image with `airlockd runtime build` (or check the agent's image)",
+            hint=f"build the image with `{build}` (or check the agent's `image` in policies.toml)",
         ) from None
     except docker.errors.APIError as exc:
         raise EngineError(f"{action}: the engine refused: {_explain(exc)}", hint=_ENGINE_FIX) from None

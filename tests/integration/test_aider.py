@@ -94,8 +94,9 @@ def why(svc: Service, rec: Any) -> str:
     return f"{rec.state} {rec.error} {rec.limit}\n{out.read_text()[-3000:] if out.exists() else ''}"
 
 
-def test_aider_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedChat, real_key: str, engine: str) -> None:
-    """On the first engine and on the second (a remote host: the gateway through its relay)."""
+def test_aider_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedChat, real_key: str) -> None:
+    """On the first engine (the relay to a remote engine's container is the same for every protocol:
+    test_claude.py and test_codex.py run there)."""
     answer = block("new.txt", "", "created by aider\n") + block("edit.txt", "first line\n", "first\nsecond\n")
     model.replies = [Reply(text=answer + "turn one done", prompt_tokens=200, completion_tokens=20)]
     ws = make_ws(tmp_path, model.url)

@@ -80,10 +80,9 @@ def why(svc: Service, rec: Any) -> str:
     return f"{rec.state} {rec.error} {rec.limit}\n{out.read_text()[-3000:] if out.exists() else ''}"
 
 
-def test_gemini_cli_end_to_end_through_the_gateway(
-    tmp_path: Path, model: ScriptedGemini, real_key: str, engine: str
-) -> None:
-    """On the first engine and on the second (a remote host: the gateway through its relay)."""
+def test_gemini_cli_end_to_end_through_the_gateway(tmp_path: Path, model: ScriptedGemini, real_key: str) -> None:
+    """On the first engine (the relay to a remote engine's container is the same for every protocol:
+    test_claude.py and test_codex.py run there)."""
     model.replies = [
         Reply([call("write_file", file_path=f"{WS}/new.txt", content="created by gemini\n")], "", 200, 20),
         Reply([call("read_file", file_path=f"{WS}/edit.txt")], "", 230, 15),

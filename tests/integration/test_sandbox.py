@@ -268,9 +268,14 @@ def test_wall_time_kills_the_run(run: Callable[..., ExitInfo]) -> None:
     assert info.limit_hit == "wall_time"
 
 
-def test_memory_hog_is_oom_killed(run: Callable[..., ExitInfo]) -> None:
+def test_memory_hog_is_oom_killed(run: Callable[..., ExitInfo], runtime: str) -> None:
     info = run(py("b = bytearray(512 << 20)\nprint('survived')"), memory_mb=64)
-    assert info.oom_killed is True, info
+    # the run ends over its memory limit by the engine's word or the kernel's counter (read while
+    # it ran): under gVisor the engine's flag comes from the sandbox's shim, and a loaded machine
+    # has seen it arrive after the exit (CI), so either source must say it, as the run's end does
+    assert info.limit_hit == "memory", (info.oom_killed, info.counters)
+    if runtime == "runc":
+        assert info.oom_killed is True, info
     assert info.exit_code == 137
     assert b"survived" not in info.output_tail
     assert info.effective["memory_bytes"] == info.effective["memory_swap_bytes"] == 64 << 20

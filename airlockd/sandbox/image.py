@@ -33,6 +33,7 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airlockd.errors import AirlockError, EngineError
+from airlockd.interpreter import module_command
 from airlockd.resources import resource
 from airlockd.sandbox import compat
 
@@ -602,8 +603,6 @@ def _pip_install(cli: AgentCli, version: str, cache: Path, progress: Progress) -
     """`pip install --target` of the CLI's package (from the index pip is configured with) as
     wheels for the image's Python on x86_64 Linux, into a fresh `site` that replaces any half
     made one."""
-    import sys
-
     site, part = cache / "site", cache / "site.part"
     shutil.rmtree(part, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
@@ -611,12 +610,12 @@ def _pip_install(cli: AgentCli, version: str, cache: Path, progress: Progress) -
     platforms = [
         a for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64") for a in ("--platform", p)
     ]
-    argv = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+    argv = module_command(
+        "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
         "--target", str(part), "--only-binary=:all:", *platforms, "--python-version", PYTHON,
         "--implementation", "cp", "--abi", "cp" + PYTHON.replace(".", ""), "--abi", "abi3",
         f"{cli.package}=={version}",
-    ]  # fmt: skip
+    )  # fmt: skip
     _run_streaming(argv, progress, what="pip install")
     if not (part / cli.binary.removeprefix("site/")).is_file():
         raise EngineError(

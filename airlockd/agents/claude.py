@@ -62,9 +62,12 @@ def sessions(home: Path) -> dict[str, Path]:
 def invocation(agent: AgentConfig, prompt: str, home: Path, base_url: str, *, resume: str | None = None) -> Invocation:
     """`claude -p` (with `--resume ID` for a follow-up), its account streamed as JSON lines;
     `command` in the policy, when given, adds options (e.g. ["--model", "claude-sonnet-5"]).
-    Permissions are not asked for: nobody could answer, and the container is the sandbox."""
+    Permissions are not asked for: nobody could answer, and the container is the sandbox. MCP
+    servers come only from the policy's options (`--mcp-config`), never from `.claude.json` or a
+    `.mcp.json` the agent wrote."""
     homes.write_fresh(home, "settings.json", SETTINGS)
     argv = ["claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions"]
+    argv.append("--strict-mcp-config")  # no MCP server an agent left in its home or the workspace starts
     argv += [*agent.command, *(["--resume", resume] if resume else []), "--", prompt]
     env = {**agent.env, **QUIET, "CLAUDE_CONFIG_DIR": HOME_IN_CONTAINER, "ANTHROPIC_BASE_URL": base_url}
     return Invocation(argv, None, env, [(home, HOME_IN_CONTAINER, False)])

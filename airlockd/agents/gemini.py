@@ -82,7 +82,7 @@ def _session_id(path: Path) -> str | None:
         with os.fdopen(fd, "rb") as fh:
             line = fh.read(FIRST_LINE).partition(b"\n")[0]
         sid = json.loads(line).get("sessionId")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # a line nested to hurt the parser
         return None
     return sid if isinstance(sid, str) and _UUID.fullmatch(sid) else None
 

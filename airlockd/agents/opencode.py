@@ -8,31 +8,30 @@ copy: homes.py) is opencode's data directory (`XDG_DATA_HOME`): the SQLite datab
 sessions. A follow-up resumes the earlier run's session (`--session ID`) when that session is
 still in the database (it is gone when that run was rejected and the home rolled back).
 
-The database is the agent's writing: it is read from a private copy, read-only in intent and
-bounded (no trusted schema, a step budget, a size cap), for the session ids alone.
+The database is the agent's writing: its session ids are read by a process of its own, from a
+private copy, bounded in time, CPU, memory and size (agents/opencodedb.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
-import shutil
-import sqlite3
-import stat
-import tempfile
+import subprocess
 from pathlib import Path
 
 from airlockd.agents.command import Invocation
+from airlockd.interpreter import module_command
 from airlockd.policy import AgentConfig
+
+log = logging.getLogger(__name__)
 
 HOME_IN_CONTAINER = "/run/airlock/opencode-home"
 PROVIDER = "openai"  # chat completions through [gateway]
 PROVIDER_ID = "airlock"
 DEFAULT_MODEL = "gpt-5"
 DB = ("opencode", "opencode.db")  # under the home
-DB_BYTES = 256 * 2**20  # a database larger than this is not read (the home's cap bounds it anyway)
-STEPS = 2_000_000  # SQLite virtual machine steps one read may take
+READ_S = 10  # the reader's wall clock (it has CPU_S of CPU)
 QUIET = {
     "OPENCODE_DISABLE_MODELS_FETCH": "1",  # no models.dev catalogue
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -76,48 +75,24 @@ def _model(options: list[str]) -> tuple[str, list[str]]:
 
 
 def sessions(home: Path) -> dict[str, Path]:
-    """Session id -> the database holding it, for every session in `home`'s database."""
+    """Session id -> the database holding it, for every session in `home`'s database: read by a
+    process of its own (agents/opencodedb.py), bounded in time, CPU and memory, so a database
+    built to hurt the reader only yields nothing."""
     db = home.joinpath(*DB)
-    return {sid: db for sid in _session_ids(db)}
-
-
-def _session_ids(db: Path) -> set[str]:
-    """The session ids in the agent's database, read from a private copy of it (and of its
-    write-ahead log): never through a link, never a file over DB_BYTES, with no trusted schema
-    and a step budget, so a database built to hurt the reader only yields nothing."""
-    parts = [(db, "opencode.db"), (db.with_name(db.name + "-wal"), "opencode.db-wal")]
-    with tempfile.TemporaryDirectory(prefix="airlockd-opencode-") as tmp:
-        for src, name in parts:
-            try:
-                fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                if name == "opencode.db":
-                    return set()
-                continue
-            with os.fdopen(fd, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                if not stat.S_ISREG(st.st_mode) or st.st_size > DB_BYTES:
-                    return set()
-                with open(os.path.join(tmp, name), "wb") as out:
-                    shutil.copyfileobj(fh, out)
-        steps = 0
-
-        def budget() -> int:
-            nonlocal steps
-            steps += 1000
-            return 1 if steps > STEPS else 0
-
-        con = sqlite3.connect(os.path.join(tmp, "opencode.db"), isolation_level=None)
-        try:
-            con.set_progress_handler(budget, 1000)
-            con.execute("PRAGMA trusted_schema = OFF")
-            con.execute("PRAGMA cell_size_check = ON")
-            rows = con.execute("SELECT id FROM session LIMIT 10000").fetchall()
-        except sqlite3.Error:
-            return set()
-        finally:
-            con.close()
-    return {r[0] for r in rows if isinstance(r[0], str) and _SESSION.fullmatch(r[0])}
+    try:
+        done = subprocess.run(
+            module_command("airlockd.agents.opencodedb", str(home)),
+            capture_output=True,
+            timeout=READ_S,
+            stdin=subprocess.DEVNULL,
+        )
+        ids = json.loads(done.stdout) if done.returncode == 0 else []
+    except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
+        log.warning("the sessions in %s were not read: %s", db, type(exc).__name__)
+        return {}
+    if done.returncode != 0:
+        log.warning("the sessions in %s were not read (exit %s)", db, done.returncode)
+    return {sid: db for sid in ids if isinstance(sid, str) and _SESSION.fullmatch(sid)}
 
 
 def invocation(agent: AgentConfig, prompt: str, home: Path, base_url: str, *, resume: str | None = None) -> Invocation:

@@ -320,7 +320,10 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         tokens_from="gateway" if gateway_runs.uses_gateway(cfg) else "agent",
     ).start()
     gateway_runs.attach(rec.id, monitor)
-    live = LiveOutput(lambda text, dropped: svc.emit("runOutput", {"runId": rec.id, "text": text, "dropped": dropped}))
+    live = LiveOutput(
+        lambda text, dropped: svc.emit("runOutput", {"runId": rec.id, "text": text, "dropped": dropped}),
+        redact=svc.redactor.text,  # each line whole, before its escapes (runs/liveoutput.py)
+    )
 
     def on_output(chunk: bytes) -> None:
         monitor.on_output(chunk)  # the limits first: a viewer's trouble never delays them

@@ -4,12 +4,14 @@ filesystem holds, whatever the agent says).
 
 The agent decides these bytes, so before they reach a person they are:
 
-- cut into whole lines (a line longer than LINE_BYTES is cut there), so that a secret is masked
-  whole: the Service's `emit` redacts every payload, and a value split across two sends would
-  pass in halves;
-- written with every hidden character escaped (`names.escape`: terminal escapes, bidi controls,
-  carriage returns that would overwrite a line), so output cannot drive the viewer's terminal or
-  hide a line;
+- cut into whole lines, each redacted whole before anything else (a value split across two
+  sends would pass in halves); of a line longer than LINE_BYTES, its first LINE_BYTES are
+  redacted and only the first SHOWN of them shown (a secret that starts there and goes on past
+  the window is never shown in part, up to LINE_BYTES - SHOWN long), the rest counted as dropped;
+- then written with every hidden character escaped (`names.escape`: terminal escapes, bidi
+  controls, carriage returns that would overwrite a line), so output cannot drive the viewer's
+  terminal or hide a line (escaping after redacting: an escape never splits a secret the
+  redactor would have folded whole);
 - sent at most RATE bytes a second on average (bursts of BURST), in batches at most every
   INTERVAL_S: an agent flooding its output costs the daemon and the editor that much, and what
   is dropped is counted (`dropped`, bytes) and said in the next batch.
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from airlockd.names import escape
 
 LINE_BYTES = 4096
+SHOWN = 3072  # characters shown of a line longer than LINE_BYTES
 RATE = 64 * 1024  # bytes a second, on average
 BURST = 256 * 1024
 INTERVAL_S = 0.1
@@ -36,8 +39,11 @@ class LiveOutput:
     """Feed it the container's output chunks (any thread); it calls `send` with batches of lines.
     `close` sends what is left (a last line without its newline included)."""
 
-    def __init__(self, send: Send, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._send, self._clock = send, clock
+    def __init__(
+        self, send: Send, *, redact: Callable[[str], str] = str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._send, self._redact, self._clock = send, redact, clock
+        self._skipping = False  # in the rest of a line too long to show
         self._lock = threading.Lock()
         self._partial = b""
         self._lines: list[str] = []
@@ -53,13 +59,20 @@ class LiveOutput:
         with self._lock:
             data = self._partial + chunk
             start = 0
-            while True:
+            while start < len(data):
                 nl = data.find(b"\n", start)
-                end = nl if nl >= 0 and nl - start <= LINE_BYTES else start + LINE_BYTES
-                if nl < 0 and len(data) - start <= LINE_BYTES:
+                if self._skipping:  # the rest of a line too long: counted, not shown
+                    end = len(data) if nl < 0 else nl + 1
+                    self._dropped += end - start
+                    start, self._skipping = end, nl < 0
+                elif nl >= 0 and nl - start <= LINE_BYTES:
+                    self._line(data[start:nl])
+                    start = nl + 1
+                elif len(data) - start > LINE_BYTES:
+                    self._line(data[start : start + LINE_BYTES], cut=True)
+                    start, self._skipping = start + LINE_BYTES, True
+                else:
                     break
-                self._line(data[start:end])
-                start = end + 1 if end == nl else end
             self._partial = data[start:]
             batch = self._due()
             if batch is None and self._lines and self._timer is None and not self._closed:
@@ -89,16 +102,20 @@ class LiveOutput:
         if batch is not None:
             self._send(*batch)
 
-    def _line(self, raw: bytes) -> None:
+    def _line(self, raw: bytes, *, cut: bool = False) -> None:
+        text = self._redact(raw.decode("utf-8", "replace").removesuffix("\r"))
+        if cut:
+            text = text[:SHOWN] + " [… the rest of this long line is not shown]"
+        shown = escape(text)
         now = self._clock()
         self._tokens = min(float(BURST), self._tokens + (now - self._at) * RATE)
         self._at = now
-        size = len(raw) + 1
+        size = len(shown) + 1
         if self._tokens < size:
-            self._dropped += size
+            self._dropped += len(raw) + 1
             return
         self._tokens -= size
-        self._lines.append(escape(raw.decode("utf-8", "replace").removesuffix("\r")))
+        self._lines.append(shown)
         self._pending += size
 
     def _due(self) -> tuple[str, int] | None:

@@ -21,6 +21,7 @@ def test_claude_runs_headless_with_its_home_and_the_gateway_and_resumes_by_id(tm
     cfg = AgentConfig(adapter="claude", command=["--model", "claude-sonnet-5"], env={"A": "1"})
     inv = claude.invocation(cfg, "-rf / is not an option", tmp_path, gateway_runs.ORIGIN, resume=SID)
     assert inv.argv[:2] == ["claude", "-p"] and "--dangerously-skip-permissions" in inv.argv
+    assert "--strict-mcp-config" in inv.argv  # no MCP server an agent planted in its home starts
     assert inv.argv[-2:] == ["--", "-rf / is not an option"]  # a prompt is never read as an option
     assert inv.argv[inv.argv.index("--resume") + 1] == SID and "--model" in inv.argv
     assert inv.env["CLAUDE_CONFIG_DIR"] == claude.HOME_IN_CONTAINER and inv.env["A"] == "1"
@@ -127,7 +128,7 @@ def _opencode_db(home: Path, *ids: str, schema: str = "CREATE TABLE session (id 
     con.execute("PRAGMA journal_mode = WAL")  # as opencode keeps it: the newest rows in the -wal file
     con.execute(schema)
     if ids:
-        con.executemany("INSERT INTO session VALUES (?, '/workspace')", [(i,) for i in ids])
+        con.executemany("INSERT INTO session (id) VALUES (?)", [(i,) for i in ids])
     con.commit()
     return db  # left open: what a crashed agent leaves (the WAL not checkpointed)
 
@@ -160,6 +161,8 @@ def test_opencode_sessions_are_read_from_a_copy_of_its_database(tmp_path: Path) 
 
 
 def test_a_hostile_opencode_database_yields_nothing_and_never_hangs_the_reader(tmp_path: Path) -> None:
+    import os
+    import sqlite3
     import time
 
     victim = tmp_path / "victim.db"
@@ -183,6 +186,40 @@ def test_a_hostile_opencode_database_yields_nothing_and_never_hangs_the_reader(t
     (garbage / "opencode").mkdir(parents=True)
     (garbage / "opencode" / "opencode.db").write_bytes(b"SQLite format 3\0" + b"\xff" * 8192)
     assert opencode.sessions(garbage) == {}
+
+    # a link in place of its folder is never followed, to a database elsewhere on the host
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "opencode").symlink_to(tmp_path / "elsewhere" / "opencode")
+    (tmp_path / "elsewhere" / "opencode" / "opencode.db").write_bytes(victim.read_bytes())
+    assert opencode.sessions(linked) == {}
+
+    # a fifo in place of its write-ahead log never blocks the read
+    fifo = tmp_path / "fifo"
+    _opencode_db(fifo, "ses_dddddddddddd4444")
+    (fifo / "opencode" / "opencode.db-wal").unlink(missing_ok=True)
+    os.mkfifo(fifo / "opencode" / "opencode.db-wal")
+    t0 = time.monotonic()
+    opencode.sessions(fifo)
+    assert time.monotonic() - t0 < 5
+
+    # a sparse file costs the home nothing: it is not copied
+    sparse = tmp_path / "sparse"
+    (sparse / "opencode").mkdir(parents=True)
+    with open(sparse / "opencode" / "opencode.db", "wb") as fh:
+        fh.truncate(200 * 2**20)
+    assert opencode.sessions(sparse) == {}
+
+    # a column computed at every read, built to be slow: the reader's own CPU limit ends it
+    heavy = tmp_path / "heavy"
+    pattern = "printf('%.*c', 900000, 'a') LIKE '%' || printf('%.*c', 40000, 'a') || 'b'"
+    db = _opencode_db(heavy, schema="CREATE TABLE session (x INT)")
+    with sqlite3.connect(db) as con:  # rows first, then the column (computed only when read)
+        con.executemany("INSERT INTO session (x) VALUES (?)", [(i,) for i in range(5)])
+        con.execute(f"ALTER TABLE session ADD COLUMN id TEXT GENERATED ALWAYS AS (CASE WHEN {pattern} THEN 'x' END)")
+    t0 = time.monotonic()
+    assert opencode.sessions(heavy) == {}
+    assert time.monotonic() - t0 < opencode.READ_S + 2
 
 
 def test_gemini_runs_headless_with_its_settings_written_afresh_never_through_a_link(tmp_path: Path) -> None:

@@ -45,12 +45,28 @@ def test_hidden_characters_are_escaped_and_a_carriage_return_cannot_overwrite_a_
     assert "\x1b" not in text and "\r" not in text
 
 
-def test_a_line_longer_than_the_bound_is_cut_there() -> None:
+def test_a_line_longer_than_the_bound_shows_its_start_and_counts_the_rest() -> None:
     live, sent = collect()
     live.feed(b"x" * (liveoutput.LINE_BYTES * 2 + 10))
+    live.feed(b"\nnext\n")
     live.close()
     lines = "".join(t for t, _ in sent).splitlines()
-    assert [len(line) for line in lines] == [liveoutput.LINE_BYTES, liveoutput.LINE_BYTES, 10]
+    assert lines == ["x" * liveoutput.SHOWN + " [… the rest of this long line is not shown]", "next"]
+    assert sum(d for _, d in sent) == liveoutput.LINE_BYTES + 10 + 1
+
+
+def test_each_line_is_redacted_whole_before_its_escapes() -> None:
+    secret = "sk-proj-Zq8Kx2LmN4pR7tV9wY3bC6dF1gH5jA0s"
+    sent: list[tuple[str, int]] = []
+    live = LiveOutput(lambda t, d: sent.append((t, d)), redact=lambda t: t.replace(secret, "[REDACTED]"))
+    live.feed(f"key={secret[:10]}".encode())  # split across two chunks
+    live.feed(f"{secret[10:]} and\x1b[2J\n".encode())
+    # a secret around where a long line is cut: the window is redacted before the cut
+    live.feed(b"y" * (liveoutput.SHOWN - 5) + secret.encode() + b"z" * 2000 + b"\n")
+    live.close()
+    text = "".join(t for t, _ in sent)
+    assert "key=[REDACTED] and\\x1b[2J\n" in text
+    assert secret[:5] not in text and "sk-pr" not in text
 
 
 def test_a_flood_is_cut_to_the_rate_and_what_was_dropped_is_said() -> None:

@@ -3,12 +3,21 @@
 Each run gets its own socket (in its state dir, mounted into that run's container only). A request
 passes when it carries the run's token (`Authorization: Bearer alrt_...`, `x-api-key`, or for
 Gemini `x-goog-api-key` or a `key=` query parameter) and its "METHOD /path" is in the policy's
-allow-list; the token is then swapped for the real key where the agent put it (a query `key` goes
-upstream as `x-goog-api-key`, never in the URL), which is read from the environment or a file when
-the run's gate opens and kept in memory only. Responses stream through chunk by chunk (SSE is never
-buffered whole) while their usage is read (usage.py, per protocol); a run whose token budget runs
-out mid-stream has that stream cut and every later request refused.
-Everything refused gets a clear status (401, 403, 404, 405, 413, 429) and an audit event.
+allow-list (never a path with a `.` or `..` segment); the token is then swapped for the real key
+where the agent put it (a query `key` goes upstream as `x-goog-api-key`, never in the URL), which is
+read from the environment or a file when the run's gate opens and kept in memory only. Only the
+query parameters the provider's clients need go upstream (Gemini: `alt=sse`; Anthropic: `beta`;
+others: all but `key`), and a streamed chat completion is made to ask for its usage
+(`stream_options.include_usage`). Responses stream through chunk by chunk (SSE is never buffered
+whole) while their usage is read (usage.py, per protocol); a run whose token budget runs out
+mid-stream has that stream cut and every later request refused. A client that hangs up does not
+end the metering: the rest of the answer is read (for up to DRAIN_S seconds and DRAIN_MAX bytes)
+for its usage. A 2xx answer whose usage was not measured (none reported, some too large to read,
+or the answer not read to its end) is charged an estimate, (request bytes + response bytes) / 4 less
+what was measured, and audited as such: it never costs 0. A large request body goes upstream in
+slices, so each connection holds its body once.
+Everything refused gets a clear status (401, 403, 404, 405, 413, 429: budget spent, or more than
+MAX_CONNECTIONS admitted requests of one run in flight at once) and an audit event.
 
 It runs on its own asyncio loop in a background thread (`Gateway`), so it works the same in
 `airlockd run --wait` (the executing process) and in `airlockd serve` (the daemon).
@@ -27,7 +36,7 @@ import socket
 import stat
 import threading
 import urllib.parse
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +53,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_REQUEST_BODY = 32 * 1024 * 1024
 READ_SIZE = 64 * 1024
+MAX_CONNECTIONS = 16  # admitted requests of one run in flight at once; more are answered 429
+DRAIN_S = 30.0  # after a client hangs up mid-answer, how long the rest is still read for its usage
+DRAIN_MAX = 32 * 1024 * 1024  # ... and how many bytes of it
+ESTIMATE_BYTES_PER_TOKEN = 4  # an answer whose usage is not known costs (request + response bytes) / 4
+# Query parameters that go upstream, by provider (others: every one but `key`). Gemini's API reads
+# system parameters from the query (`fields`/`$fields` to trim the answer, its usage with it;
+# `$alt`/`alt=proto`; `userProject` to bill another project), so only what its clients send
+# passes: `alt=sse`, exactly. Anthropic's clients send `beta=true` on beta endpoints.
+_QUERY_KEPT: dict[str, Callable[[str], bool]] = {
+    "gemini": lambda part: part == "alt=sse",
+    "anthropic": lambda part: part.partition("=")[0] == "beta",
+}
 # Request headers an agent may send upstream, by provider: what its clients need to be understood
 # (content negotiation, API version and beta switches, SDK telemetry). Everything else is dropped:
 # credentials, cookies, hop headers, and account or project selectors (`OpenAI-Organization`,
@@ -87,7 +108,10 @@ class Route:
     def allows(self, method: str, path: str) -> bool:
         """Whether `METHOD /path` is in the allow-list: exactly, or by an entry with `*`, which
         stands for one name (letters, digits, `.`, `_`, `-`: a model's, as in Gemini's
-        `/v1beta/models/*:streamGenerateContent`); never a path with `..`, `%`, `//` or `\\`."""
+        `/v1beta/models/*:streamGenerateContent`); never a path with `..`, `%`, `//` or `\\`, and
+        never, whatever the list says, a path with a segment of dots alone (`.`, `..`)."""
+        if _dot_segment(path):  # httpx would send `/a/./b` as `/a/b`: a path the allow-list never named
+            return False
         if (method, path) in self.allowed:
             return True
         return not _suspicious(path) and any(m == method and _pattern(p).fullmatch(path) for m, p in self.allowed)
@@ -159,6 +183,8 @@ class RunGate:
     tokens: int = 0
     requests: int = 0
     cut: bool = False  # budget spent: streams closed, further requests refused
+    closed: bool = False  # the run's gate is closed: nothing more is read for it
+    connections: int = 0  # admitted requests in flight (at most MAX_CONNECTIONS)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
 
@@ -279,6 +305,7 @@ class Gateway:
         gate.server = await asyncio.start_unix_server(lambda r, w: self._serve(gate, r, w), sock=sock)
 
     async def _close(self, gate: RunGate) -> None:
+        gate.closed = True
         if gate.server is not None:
             gate.server.close()
         for w in list(gate.writers):
@@ -295,7 +322,9 @@ class Gateway:
     async def _serve(self, gate: RunGate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Requests one after the other on one connection. Token, method and path, the declared
         size and the budget are checked on the request line and headers, before a byte of the body
-        is read; a refused request closes the connection with its body unread."""
+        is read; a refused request closes the connection with its body unread. An admitted request
+        over MAX_CONNECTIONS in flight (a body read or an answer streaming) is answered 429: a
+        connection that never finishes its headers holds no more than h11's bound."""
         gate.writers.add(writer)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         try:
@@ -305,12 +334,21 @@ class Gateway:
                     return
                 if not await self._admit(gate, conn, writer, req):
                     return
-                body = await _read_body(conn, reader)
-                if body is None:
-                    where = {"method": req.method.decode("ascii", "replace"), "path": _path(req)[:200]}
-                    await self._refuse(gate, conn, writer, 413, "request body too large", where)
+                if gate.connections >= MAX_CONNECTIONS:  # admitted requests in flight: bodies held
+                    where = {"method": req.method.decode("ascii", "replace").upper(), "path": _path(req)[:200]}
+                    reason = f"too many requests to the gateway at once (at most {MAX_CONNECTIONS} per run)"
+                    await self._refuse(gate, conn, writer, 429, reason, where)
                     return
-                await self._forward_request(gate, conn, writer, req, body)
+                gate.connections += 1
+                try:
+                    body = await _read_body(conn, reader)
+                    if body is None:
+                        where = {"method": req.method.decode("ascii", "replace"), "path": _path(req)[:200]}
+                        await self._refuse(gate, conn, writer, 413, "request body too large", where)
+                        return
+                    await self._forward_request(gate, conn, writer, req, body)
+                finally:
+                    gate.connections -= 1
                 if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
                     conn.start_next_cycle()
                 else:
@@ -385,42 +423,138 @@ class Gateway:
         else:
             out.append(("authorization", f"Bearer {route.key}"))
         out.append(("accept-encoding", "identity"))  # usage is read from the bytes as they pass
-        target, dropped_query = _without_key_param(target)
+        path = target.partition("?")[0]
+        what: dict[str, Any] = {"method": method, "path": path[:200]}
+        target, dropped_query = _forwarded_query(target, route.provider)
         if dropped_query:
-            log.info("gateway: run %s: query parameter key not passed upstream", gate.run_id)
+            log.info(
+                "gateway: run %s: query parameters not passed upstream: %s",
+                gate.run_id,
+                ", ".join(dropped_query)[:500],
+            )
+        sent = len(body)
+        if path.endswith("/chat/completions"):
+            if len(body) > 256 * 1024:  # parsing a large body would hold up every other stream
+                body = await asyncio.get_running_loop().run_in_executor(None, _ask_for_usage, body)
+            else:
+                body = _ask_for_usage(body)
         client = self._upstream()
-        request = client.build_request(method, route.upstream + target, headers=out, content=body)
+        url = route.upstream + target
         try:
             try:
-                resp = await client.send(request, stream=True)
+                resp = await client.send(_upstream_request(client, method, url, out, body), stream=True)
             except _STALE as exc:  # a pooled connection the upstream closed while idle: once more, anew
                 log.info(
                     "gateway: run %s: upstream connection went stale (%s); retrying", gate.run_id, type(exc).__name__
                 )
-                resp = await client.send(request, stream=True)
+                resp = await client.send(_upstream_request(client, method, url, out, body), stream=True)
         except httpx.HTTPError as exc:
             log.warning("gateway: upstream unreachable for run %s: %s", gate.run_id, type(exc).__name__)
             return await _respond(conn, writer, 502, {"error": {"message": "the model upstream is unreachable"}})
+        ctype = resp.headers.get("content-type", "")
+        meter: SseUsage | JsonUsage = SseUsage() if "text/event-stream" in ctype else JsonUsage()
+        relay = _Relay()
         try:
-            rheaders = [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in _HOP_RESPONSE]
-            await _send(conn, writer, h11.Response(status_code=resp.status_code, headers=_h11_headers(rheaders)))
-            ctype = resp.headers.get("content-type", "")
-            meter: SseUsage | JsonUsage = SseUsage() if "text/event-stream" in ctype else JsonUsage()
-            async for chunk in resp.aiter_raw():
-                if self._measure(gate, meter.feed(chunk)):
-                    log.warning("gateway: run %s spent its token budget mid-stream; cutting it off", gate.run_id)
-                    writer.close()  # the client sees the stream end without its last event
+            await self._relay(gate, conn, writer, resp, meter, relay)
+        finally:
+            await resp.aclose()
+            if 200 <= resp.status_code < 300 and not relay.cut:
+                self._charge_unmeasured(gate, meter, sent, relay, {**what, "status": resp.status_code})
+
+    async def _relay(
+        self,
+        gate: RunGate,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        resp: httpx.Response,
+        meter: SseUsage | JsonUsage,
+        relay: _Relay,
+    ) -> None:
+        """Pass the upstream's answer to the client chunk by chunk, metering it (`relay` says how
+        far it got).
+
+        The budget spent: the client's stream is closed without the chunk that spent it. The client
+        gone (its socket failed): the rest is still read into the meter, for up to DRAIN_S seconds
+        and DRAIN_MAX bytes, so usage reported at the end is counted all the same."""
+        gone_at = -1  # bytes read when the client went; -1 while it is there
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as bound:
+                rheaders = [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in _HOP_RESPONSE]
+                head = h11.Response(status_code=resp.status_code, headers=_h11_headers(rheaders))
+                try:
+                    await _send(conn, writer, head)
+                except ConnectionError:
+                    gone_at = 0
+                    bound.reschedule(loop.time() + DRAIN_S)
+                async for chunk in resp.aiter_raw():
+                    relay.received += len(chunk)
+                    if self._measure(gate, meter.feed(chunk)):
+                        log.warning("gateway: run %s spent its token budget mid-stream; cutting it off", gate.run_id)
+                        relay.cut = True
+                        writer.close()  # the client sees the stream end without its last event
+                        return
+                    if gone_at >= 0:
+                        if gate.closed or relay.received - gone_at > DRAIN_MAX:
+                            log.info("gateway: run %s: stopped reading an answer its client left", gate.run_id)
+                            return
+                        continue
+                    try:
+                        await _send(conn, writer, h11.Data(data=chunk))
+                    except ConnectionError:
+                        if gate.closed:
+                            return
+                        log.info(
+                            "gateway: run %s: the client left mid-answer; reading the rest for its usage", gate.run_id
+                        )
+                        gone_at = relay.received
+                        bound.reschedule(loop.time() + DRAIN_S)
+                relay.complete = True
+                if isinstance(meter, JsonUsage) and self._measure(gate, meter.finish()):
+                    relay.cut = True
+                    writer.close()
                     return
-                await _send(conn, writer, h11.Data(data=chunk))
-            if isinstance(meter, JsonUsage) and self._measure(gate, meter.finish()):
-                writer.close()
-                return
-            await _send(conn, writer, h11.EndOfMessage())
+                if gone_at < 0:
+                    with contextlib.suppress(ConnectionError):
+                        await _send(conn, writer, h11.EndOfMessage())
+        except TimeoutError:  # only a client gone sets a deadline
+            log.info("gateway: run %s: stopped reading an answer its client left (%.0f s)", gate.run_id, DRAIN_S)
         except httpx.HTTPError as exc:
             log.warning("gateway: upstream stream of run %s broke: %s", gate.run_id, type(exc).__name__)
             writer.close()
-        finally:
-            await resp.aclose()
+
+    def _charge_unmeasured(
+        self, gate: RunGate, meter: SseUsage | JsonUsage, sent: int, relay: _Relay, where: dict[str, Any]
+    ) -> None:
+        """Fail closed: a 2xx answer whose usage was not measured (none reported; or some of it too
+        large or malformed to read, or never read: the upstream broke, or its client left and the
+        rest did not come within the drain's bounds) costs an estimate, (request + response bytes)
+        / 4 and at least 1, less what was measured; logged and audited (`gateway.refused`, that
+        reason, `estimated_tokens`)."""
+        if meter.tokens > 0 and not meter.unreadable and relay.complete:
+            return
+        estimate = max(1, (sent + relay.received) // ESTIMATE_BYTES_PER_TOKEN) - meter.tokens
+        if estimate <= 0:
+            return
+        if meter.unreadable:
+            why = "its usage could not be read"
+        elif not relay.complete:
+            why = "it was not read to its end"
+        else:
+            why = "it reported no usage"
+        log.warning(
+            "gateway: run %s: answer to %s %s: %s; charging an estimate of %d tokens",
+            gate.run_id,
+            where["method"],
+            where["path"],
+            why,
+            estimate,
+        )
+        self._measure(gate, estimate)
+        reason = f"usage not measured ({why}): charged an estimate of {estimate} tokens"
+        data = {**where, "estimated_tokens": estimate}
+        with contextlib.suppress(RuntimeError):  # no loop: the gateway is shutting down
+            asyncio.get_running_loop().run_in_executor(None, _quietly, gate.on_refused, reason, data)
 
     def _measure(self, gate: RunGate, tokens: int) -> bool:
         """Count measured tokens; True when the run's budget is now spent (cut it off)."""
@@ -451,9 +585,34 @@ class Gateway:
         await _respond(conn, writer, status, doc, close=True)
 
 
+@dataclass
+class _Relay:
+    """How far an answer got: bytes read from the upstream, read to its end, cut at the budget."""
+
+    received: int = 0
+    complete: bool = False
+    cut: bool = False
+
+
 # What sending on a kept-alive connection that the upstream had closed raises before any byte of
 # a response came back (the request was not taken, so sending it again on a new connection is safe).
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _upstream_request(
+    client: httpx.AsyncClient, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+) -> httpx.Request:
+    """The request to the upstream. A body larger than READ_SIZE goes in slices of that size (its
+    Content-Length given), so sending it never makes another whole copy of it."""
+    if len(body) <= READ_SIZE:
+        return client.build_request(method, url, headers=headers, content=body)
+
+    async def slices() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), READ_SIZE):
+            yield body[start : start + READ_SIZE]
+
+    sized = [*headers, ("content-length", str(len(body)))]
+    return client.build_request(method, url, headers=sized, content=slices())
 
 
 @functools.lru_cache(maxsize=256)
@@ -517,20 +676,68 @@ def _key_params(target: str) -> list[str]:
     return [v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k == "key"]
 
 
-def _without_key_param(target: str) -> tuple[str, bool]:
-    """The target without its `key` query parameters (a credential: Google's API key, or the run
-    token in its place), every other byte kept; and whether one was there."""
+def _forwarded_query(target: str, provider: str) -> tuple[str, list[str]]:
+    """The target with only the query parameters its provider's clients need (_QUERY_KEPT; for
+    other providers every one but `key`, a credential: Google's API key, or the run token in its
+    place), every kept byte as sent; and the names of those dropped (for a log line: a name that
+    looks like a run token is masked, and values are never given)."""
     path, sep, query = target.partition("?")
     if not sep:
-        return target, False
-    kept = [p for p in query.split("&") if urllib.parse.unquote_plus(p.partition("=")[0]) != "key"]
-    if len(kept) == len(query.split("&")):
-        return target, False
-    return (f"{path}?{'&'.join(kept)}" if kept else path), True
+        return target, []
+    keep = _QUERY_KEPT.get(provider, lambda part: True)
+    kept: list[str] = []
+    dropped: list[str] = []
+    for part in query.split("&"):
+        name = urllib.parse.unquote_plus(part.partition("=")[0])
+        if name != "key" and keep(part):
+            kept.append(part)
+        else:
+            dropped.append("<run token>" if PREFIX in name else repr(name[:40]) if name != "key" else "key")
+    if not dropped:
+        return target, []
+    return (f"{path}?{'&'.join(kept)}" if kept else path), dropped
+
+
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _ask_for_usage(body: bytes) -> bytes:
+    """A chat completion's body, made to ask for usage when it streams (`"stream": true`): the
+    real API streams none otherwise. Without `stream_options`, that object is put right after the
+    opening `{` and every other byte is kept; with one lacking `include_usage: true`, the body is
+    written anew (same keys, same order) with it set. A body that is not a JSON object in UTF-8
+    (or holds NaN or Infinity) goes as it is: its answer is charged an estimate if it reports no
+    usage."""
+    try:
+        doc = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return body
+    if not isinstance(doc, dict) or doc.get("stream") is not True:
+        return body
+    options = doc.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body
+    if "stream_options" not in doc:
+        start = body.index(b"{")  # only JSON whitespace can come before it
+        return body[: start + 1] + _INCLUDE_USAGE + body[start + 1 :]
+    doc["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+    try:
+        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:  # a number too large for a float (1e999) was read as infinity
+        return body
+
+
+def _dot_segment(path: str) -> bool:
+    """Whether a segment of `path` is dots alone (`.`, `..`): a client or httpx would resolve it."""
+    return any(seg and not seg.strip(".") for seg in path.split("/"))
 
 
 def _suspicious(path: str) -> bool:
-    return ".." in path or "%" in path or "//" in path or "\\" in path
+    return ".." in path or "%" in path or "//" in path or "\\" in path or _dot_segment(path)
 
 
 def _h11_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

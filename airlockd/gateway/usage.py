@@ -25,7 +25,10 @@ tokens grew since it last answered, so the budget hook gets increments as they c
 the stream as soon as the budget is passed. A plain JSON answer (`JsonUsage`) is read when it ends.
 
 Bounded: a meter never holds more than one incomplete event (an event longer than MAX_EVENT is
-skipped) or a JSON body past MAX_JSON_BODY (not read then). The bytes that pass are never changed.
+skipped) or a JSON body past MAX_JSON_BODY (not read then). Such an event or body, or one that
+mentions usage and cannot be parsed, is marked (`unreadable`): its usage is unknown, and the gateway
+charges that response an estimate rather than nothing. The bytes
+that pass are never changed.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class SseUsage:
         self._skipping = False  # the buffer holds the rest of an event too long to read
         self.usage = Usage()
         self.tokens = 0  # what feed has reported in all
+        self.unreadable = False  # an event about usage could not be read: its usage is unknown
 
     def feed(self, chunk: bytes) -> int:
         self._buf += chunk
@@ -133,11 +137,14 @@ class SseUsage:
             if self._skipping:
                 self._skipping = False
                 continue
-            self.usage.add_doc(_event_doc(event))
+            try:
+                self.usage.add_doc(_event_doc(event))
+            except ValueError:
+                self.unreadable = True
         self._scanned = max(0, len(self._buf) - _LONGEST_BLANK)
         if len(self._buf) > MAX_EVENT:  # not an event we can read: drop it up to its end
             del self._buf[:-_LONGEST_BLANK]  # its last bytes may begin the blank line that ends it
-            self._scanned, self._skipping = 0, True
+            self._scanned, self._skipping, self.unreadable = 0, True, True
         grown = self.usage.tokens - self.tokens  # never negative: every figure only grows
         self.tokens += grown
         return grown
@@ -150,9 +157,9 @@ def _event_doc(event: bytes) -> Any:
     if not data:
         return None
     try:
-        return json.loads(b"\n".join(data))
-    except ValueError:
-        return None
+        return json.loads(b"\n".join(data))  # ValueError: the caller marks the event unreadable
+    except RecursionError:  # nested deeper than the parser goes
+        raise ValueError("nested too deep") from None
 
 
 class JsonUsage:
@@ -161,17 +168,25 @@ class JsonUsage:
     def __init__(self) -> None:
         self._parts: list[bytes] = []
         self._size = 0
+        self.tokens = 0  # what finish reported
+        self.unreadable = False  # the body passed MAX_JSON_BODY: its usage is unknown
 
     def feed(self, chunk: bytes) -> int:
-        if self._size <= MAX_JSON_BODY:
+        self._size += len(chunk)
+        if self._size > MAX_JSON_BODY:
+            self._parts.clear()  # not read: let it go
+            self.unreadable = True
+        else:
             self._parts.append(chunk)
-            self._size += len(chunk)
         return 0
 
     def finish(self) -> int:
-        if self._size > MAX_JSON_BODY:
+        """The body's tokens, once it has ended (0 when it was too large or is not JSON)."""
+        if self.unreadable:
             return 0
         try:
-            return usage_of(json.loads(b"".join(self._parts)))
-        except ValueError:
-            return 0
+            self.tokens = usage_of(json.loads(b"".join(self._parts)))
+        except (ValueError, RecursionError):
+            self.tokens = 0
+        self._parts.clear()
+        return self.tokens

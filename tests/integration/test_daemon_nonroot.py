@@ -22,6 +22,7 @@ import pytest
 from nonroot import as_user, ensure_tester, home_for, interpreter_for
 
 pytestmark = pytest.mark.docker
+AGENT_IMAGES = ("codex",)  # loaded into the other engines (tests/conftest.py): its Codex test
 
 POLICY = textwrap.dedent(
     """

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from airlockd.errors import PolicyError
+from airlockd.hostallow import HostEntry, parse_entry
 from airlockd.pathmatch import AnyPattern, gitignore_spec, matcher, withhold_matcher
 from airlockd.resources import resource
 
@@ -158,6 +159,48 @@ class Defaults(_Model):
     admission: Admission = Admission()
 
 
+class Broker(_Model):
+    """`[broker]`: the hosts a run may open HTTPS tunnels to (package registries), through the
+    gateway's socket (gateway/broker.py), and the caps of one run's tunnels. An agent's own
+    `[agents.NAME.broker]` replaces what it sets. No entry in `allow`: no tunnel at all."""
+
+    allow: list[str] = Field(default_factory=list)
+    max_bytes: int = Field(2 * 1024**3, ge=0)  # both ways, all the run's tunnels together
+    max_connections: int = Field(1000, ge=1)  # tunnels opened over the whole run
+    concurrent: int = Field(16, ge=1, le=64)  # tunnels open at once
+    idle_timeout_s: float = Field(120, gt=0)  # a tunnel with no byte either way for this long ends
+    connect_timeout_s: float = Field(15, gt=0)  # resolving and connecting to the host
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            parse_entry(entry)  # ValueError says which entry and why
+        return v
+
+    @cached_property
+    def entries(self) -> tuple[HostEntry, ...]:
+        return tuple(parse_entry(e) for e in self.allow)
+
+
+class AgentBroker(_Model):
+    """`[agents.NAME.broker]`: what this agent's runs get instead of `[broker]`'s own."""
+
+    allow: list[str] | None = None
+    max_bytes: int | None = Field(None, ge=0)
+    max_connections: int | None = Field(None, ge=1)
+    concurrent: int | None = Field(None, ge=1, le=64)
+    idle_timeout_s: float | None = Field(None, gt=0)
+    connect_timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, v: list[str] | None) -> list[str] | None:
+        for entry in v or []:
+            parse_entry(entry)
+        return v
+
+
 class AgentConfig(_Model):
     adapter: Literal["command", "codex", "claude", "opencode", "gemini", "aider"] = "command"
     command: list[str] = Field(default_factory=list)
@@ -167,6 +210,7 @@ class AgentConfig(_Model):
     mode: Mode | None = None
     clearance: Level | None = None
     network: Literal["none", "gateway"] = "none"
+    broker: AgentBroker = AgentBroker()
     env: dict[str, str] = Field(default_factory=dict)
     limits: Limits = Limits()
     admission: Admission = Admission()
@@ -421,6 +465,7 @@ class Policy(_Model):
     labels: dict[str, Level] = Field(default_factory=dict)
     rules: list[Rule] = Field(default_factory=list)
     gateway: Gateway = Gateway()
+    broker: Broker = Broker()
     classifier: ClassifierConfig = ClassifierConfig()
     retention: Retention = Retention()
 
@@ -447,6 +492,11 @@ class Policy(_Model):
 
     def runtime_for(self, agent: str) -> Runtime:
         return self.agent(agent).runtime or self.defaults.runtime
+
+    def broker_for(self, agent: str) -> Broker:
+        """`[broker]` with what `[agents.NAME.broker]` sets in its place."""
+        own = self.agent(agent).broker.model_dump(exclude_none=True)
+        return Broker.model_validate({**self.broker.model_dump(), **own}) if own else self.broker
 
     def clearance_for(self, agent: str) -> Level:
         return self.agent(agent).clearance or self.defaults.clearance

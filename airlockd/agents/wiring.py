@@ -60,7 +60,7 @@ def prepare(service: Any, rec: RunRecord, cfg: AgentConfig, prompt: str, held: H
     must call `finish`). `held`: the engine holds the run's capped filesystem (not root)."""
     env: dict[str, str] = {}
     mounts: list[tuple[Any, str, bool]] = []
-    if gateway_runs.uses_gateway(cfg):
+    if gateway_runs.uses_socket(service.policy, rec.agent):
         cli = cli_of(cfg)
         env, mounts = gateway_runs.open_for_run(service, rec, cfg, None if cli is None else cli.PROVIDER)
         if held is not None and held.remote:  # the container reaches the gateway through a relay

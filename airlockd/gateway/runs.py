@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from airlockd.errors import PolicyError
 from airlockd.gateway.server import Gateway, Route
-from airlockd.policy import AgentConfig
+from airlockd.policy import AgentConfig, Broker, Policy
 from airlockd.records import RunRecord
 
 SOCKET_DIR = "/run/airlock/gw"  # where the run's socket directory is mounted, read-only
@@ -44,12 +44,20 @@ def uses_gateway(cfg: AgentConfig) -> bool:
     return cfg.network == "gateway" or cfg.adapter != "command"
 
 
+def uses_socket(policy: Policy, agent: str) -> bool:
+    """Whether the agent's container gets the gateway's socket: for its model, or for the
+    package broker (its `[broker] allow` names a host)."""
+    return uses_gateway(policy.agent(agent)) or bool(policy.broker_for(agent).allow)
+
+
 def open_for_run(
     service: Any, rec: RunRecord, cfg: AgentConfig, provider: str | None = None
 ) -> tuple[dict[str, str], list[tuple[Path, str, bool]]]:
-    """Open the run's gate to `provider`'s route (None: `[gateway]`'s own, a command agent's);
-    the environment and mounts that give its container the model and nothing else. The real key
-    is read here, masked everywhere, and never leaves memory."""
+    """Open the run's gate to `provider`'s route (None: `[gateway]`'s own, a command agent's) and
+    to the package broker its policy allows; the environment and mounts that give its container
+    the model, those hosts and nothing else. The real key is read here, masked everywhere, and
+    never leaves memory. An agent that does not use the model gateway but has a broker gets a
+    route that allows no request."""
     gw = service.policy.gateway
     table = gw.route_for(provider)
     if table is None:
@@ -58,8 +66,11 @@ def open_for_run(
             f" [gateway] is for {gw.provider}",
             hint=f"add [gateway.providers.{provider}] (upstream, key_env, allowed) to policies.toml",
         )
-    route = Route.from_policy(table)
-    service.redactor.add(route.key)
+    model = uses_gateway(cfg)
+    route = Route.from_policy(table) if model else Route(upstream="", allowed=frozenset(), key="")
+    broker = service.policy.broker_for(rec.agent)
+    if route.key:
+        service.redactor.add(route.key)
     d = service.state.run_dir(rec.id) / "gw"
     d.mkdir(mode=0o755, exist_ok=True)
     os.chmod(d, 0o755)  # the container's user must reach the socket inside it
@@ -72,6 +83,10 @@ def open_for_run(
         ttl_s=ttl,
         on_usage=lambda n: _usage(rec.id, n),
         on_refused=lambda reason, data: service.gateway_refused(rec.id, reason, **data),
+        broker=broker,
+        on_broker=lambda event, data: service.audit.append(
+            f"broker.{event}", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **data
+        ),
     )
     service.redactor.add(token, in_names=False)  # short-lived: no staged name predates it
     service.audit.append(
@@ -79,14 +94,20 @@ def open_for_run(
         run=rec.id,
         agent=rec.agent,
         policy=rec.policy_revision,
-        upstream=urlsplit(route.upstream).netloc,
+        upstream=urlsplit(route.upstream).netloc if model else None,
         allowed=sorted(f"{m} {p}" for m, p in route.allowed),
+        broker=[str(e) for e in broker.entries],
         token_ttl_s=ttl,
     )
     env = {
         "AIRLOCK_GATEWAY_SOCKET": f"{SOCKET_DIR}/{SOCKET_NAME}",
         "AIRLOCK_GATEWAY_PORT": str(PORT),
         TOKEN_ENV: token,
+        **(broker_env(token, broker) if broker.allow else {}),
+    }
+    if not model:
+        return env, [(d, SOCKET_DIR, True)]
+    env |= {
         "OPENAI_API_KEY": token,  # what OpenAI clients look for: the run token, never the real key
         "OPENAI_BASE_URL": BASE_URL,
         "ANTHROPIC_API_KEY": token,  # what Anthropic clients look for (sent as x-api-key)
@@ -95,6 +116,22 @@ def open_for_run(
         "GOOGLE_GEMINI_BASE_URL": ORIGIN,
     }
     return env, [(d, SOCKET_DIR, True)]
+
+
+def broker_env(token: str, broker: Broker) -> dict[str, str]:
+    """How clients in the container find the package broker: the proxy variables that pip, npm,
+    yarn, cargo, go, curl and git read (upper and lower case: each client reads one or the other),
+    with the run token as the proxy's password. No HTTP_PROXY: the model gateway's base URLs are
+    plain http on the container's loopback, so they are never proxied, and no NO_PROXY either (a
+    registry named by its address, 127.0.0.1 included, still goes through the broker).
+    AIRLOCK_BROKER_HOSTS names what it allows, for an agent (or its scripts) to read."""
+    proxy = f"http://airlock:{token}@127.0.0.1:{PORT}"
+    return {
+        "HTTPS_PROXY": proxy,
+        "https_proxy": proxy,
+        "npm_config_https_proxy": proxy,
+        "AIRLOCK_BROKER_HOSTS": " ".join(str(e) for e in broker.entries),
+    }
 
 
 def attach(run_id: str, monitor: Any) -> None:

@@ -39,14 +39,18 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h11
 import httpx
 
 from airlockd.errors import PolicyError
+from airlockd.gateway.broker import BrokerHook, Tunnels, open_tunnel
 from airlockd.gateway.tokens import PREFIX, RunTokens, TokenRefused
 from airlockd.gateway.usage import JsonUsage, SseUsage
+
+if TYPE_CHECKING:
+    from airlockd.policy import Broker
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +190,7 @@ class RunGate:
     closed: bool = False  # the run's gate is closed: nothing more is read for it
     connections: int = 0  # admitted requests in flight (at most MAX_CONNECTIONS)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    tunnels: Tunnels | None = None  # the package broker's rules and use (None: no broker)
 
 
 class Gateway:
@@ -234,11 +239,16 @@ class Gateway:
         ttl_s: float,
         on_usage: UsageHook,
         on_refused: RefusedHook,
+        broker: Broker | None = None,
+        on_broker: BrokerHook | None = None,
     ) -> str:
         """Serve `run_id` on `socket_path` (created 0666: the container's user connects) and
-        return the run's token. The socket's directory must exist."""
+        return the run's token. The socket's directory must exist. With `broker` (its rules), the
+        same socket tunnels to the hosts they allow (broker.py), each event given to `on_broker`."""
         self.start()
         gate = RunGate(run_id, agent, route, socket_path, on_usage, on_refused)
+        if broker is not None and broker.allow:
+            gate.tunnels = Tunnels(broker, on_broker or (lambda event, data: None))
         self._call(self._listen(gate))
         with self._lock:
             self._gates[run_id] = gate
@@ -308,7 +318,7 @@ class Gateway:
         gate.closed = True
         if gate.server is not None:
             gate.server.close()
-        for w in list(gate.writers):
+        for w in [*gate.writers, *(gate.tunnels.writers if gate.tunnels else ())]:
             w.close()
         gate.writers.clear()
 
@@ -331,6 +341,15 @@ class Gateway:
             while True:
                 req = await _next(conn, reader)
                 if not isinstance(req, h11.Request):
+                    return
+                if req.method == b"CONNECT":  # the package broker's; nothing more on this connection
+                    if isinstance(await _next(conn, reader), h11.EndOfMessage):
+                        await open_tunnel(gate.tunnels, self.tokens, gate.run_id, conn, reader, writer, req)
+                    return
+                if not req.target.startswith(b"/"):
+                    where = {"method": req.method.decode("ascii", "replace").upper(), "path": _path(req)[:200]}
+                    reason = "the gateway takes paths only; other hosts are reached by CONNECT through the broker"
+                    await self._refuse(gate, conn, writer, 400, reason, where)
                     return
                 if not await self._admit(gate, conn, writer, req):
                     return

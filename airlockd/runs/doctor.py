@@ -233,7 +233,7 @@ def container_runtimes(client: Any, workspace: Path) -> str:
     """The engine's runtimes, which agents use which, and for runsc a probe container: what
     kernel the agent sees there and whether a directory lists (the image's compat library).
     Raises when an agent's runtime could not run here."""
-    from airlockd.gateway.runs import uses_gateway
+    from airlockd.gateway.runs import uses_socket
     from airlockd.policy import load_policy
     from airlockd.sandbox.image import image_tag
 
@@ -245,7 +245,7 @@ def container_runtimes(client: Any, workspace: Path) -> str:
         by_runtime.setdefault(policy.runtime_for(name), []).append(name)
     problems = []
     for runtime, agents in sorted(by_runtime.items()):
-        sockets = any(uses_gateway(policy.agent(a)) for a in agents)
+        sockets = any(uses_socket(policy, a) for a in agents)
         if why := runtimes.refusal(table, runtime, host_sockets=sockets, podman=podman):
             problems.append(f"agents {', '.join(agents)} ask for {runtime}, but {why.split('; fix:')[0]}")
     if problems:

@@ -24,7 +24,7 @@ from typing import Any
 from airlockd.errors import AdmissionRejected, AirlockError, EngineError, PolicyError, StateError
 from airlockd.evidence.audit import AuditLog
 from airlockd.evidence.document import live_tree, schemes_differ
-from airlockd.gateway.runs import uses_gateway
+from airlockd.gateway.runs import uses_socket
 from airlockd.pipeline import admission
 from airlockd.policy import Level, LoadedPolicy, Mode, Policy, load_policy
 from airlockd.protocol import AgentInfo, AgentStatus, RunStatus
@@ -352,7 +352,7 @@ class Service:
             rec.prompt_redactions = list(screened.secrets)
         if reason is None:  # a runtime the engine lacks is refused before anything is spent
             runtime = self.policy.runtime_for(agent)
-            reason = self.sandbox.runtime_refusal(runtime, host_sockets=uses_gateway(cfg))
+            reason = self.sandbox.runtime_refusal(runtime, host_sockets=uses_socket(self.policy, agent))
             if reason:
                 reason = f'runtime "{runtime}": {reason}'
         refused = reason

@@ -20,6 +20,7 @@ from airlockd.records import RunRecord, RunState
 from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
 from airlockd.runs.liveoutput import LiveOutput
+from airlockd.runs.runtime import agent_image
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import HeldUpper, StageRequest
@@ -119,12 +120,12 @@ def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     """The engine's holder of capped upper layers when this process cannot mount one (not
     root) and the engine can serve the run's overlay; else None. Its holders run the agent's
     image (any image of ours will do without an agent: they need its python3)."""
-    if agent is None:
-        from airlockd.sandbox.image import image_tag
+    from airlockd.sandbox.image import image_tag
+    from airlockd.sandbox.projectimage import is_project_image
 
-        image = image_tag()
-    else:
-        image = svc.image_for(agent)
+    project = agent is not None and is_project_image(svc.policy.agent(agent).image)
+    # a project's image may have no python3 of its own: the runtime image holds for it
+    image = image_tag() if agent is None or project else svc.image_for(agent)
     held = svc.sandbox.held_upper(image, str(svc.workspace))
     if held is not None and not held.remote and capfs.available() is None:
         return None  # root mounts its own capped filesystem, here
@@ -244,6 +245,7 @@ def _walk_mirror(svc: Service) -> Callable[..., MirrorView]:
 def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> ExitInfo:
     cfg = svc.policy.agent(rec.agent)
     run_dir = svc.state.run_dir(rec.id)
+    image = agent_image(svc, rec.agent, lambda message: progress("staging", message))  # builds a project's
     held = held_upper(svc, rec.agent) if stagers.held_run(run_dir) else None
     inv = agent_wiring.prepare(svc, rec, cfg, prompt, held)  # opens the run's model gateway if it has one
     lent_home = cfg.adapter != "command"  # an agent CLI's home: its copy is staged, not grown (agents/homes.py)
@@ -257,7 +259,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         stdin_file = Path(held.where(rec.id, "stdin"))
     spec = ContainerSpec(
         run_id=rec.id,
-        image=svc.image_for(rec.agent),
+        image=image,
         argv=inv.argv,
         workspace=stagers.for_run(run_dir).staged_root(run_dir),
         limits=cfg.limits,

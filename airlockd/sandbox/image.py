@@ -635,20 +635,25 @@ def ensure_agent_image(
     progress: Progress = print,
     root: Path | None = None,
     version: str | None = None,
+    base: str | None = None,
+    tag: str | None = None,
 ) -> str:
-    """The runtime image plus the agent CLI `name` at /usr/local/bin/<name>; built when missing."""
+    """The runtime image (or `base`, under `tag`: a project's image) plus the agent CLI `name`
+    at /usr/local/bin/<name>; built when missing."""
     cli = agent_cli(name)
     version = version or cli.version
-    base = ensure_image(client, force=force, progress=progress, root=root)
-    tag = agent_image_tag(name, root, version)
+    if base is None:
+        base = ensure_image(client, force=force, progress=progress, root=root)
+        tag = agent_image_tag(name, root, version)
+    assert tag is not None, "a base image needs the tag of what is built on it"
     if not force and _has_image(client, tag):
         return tag
     binary = agent_binary(name, progress, version)
     prefix = agent_cache(name, version)
     progress(f"runtime image: adding {name} {version} -> {tag}")
     label = f"airlockd.agent.{name}"
-    steps = [f"COPY tree{i} {dst}" for i, (_, dst) in enumerate(cli.trees)]
-    steps.append(f"COPY {name} {cli.in_image}")
+    steps = ["USER 0:0"] + [f"COPY tree{i} {dst}" for i, (_, dst) in enumerate(cli.trees)]
+    steps += [f"COPY {name} {cli.in_image}", "USER 1000:1000"]
     dockerfile = (f"FROM {base}\n" + "\n".join(steps) + f"\nLABEL {label}={json.dumps(version)}\n").encode()
     with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as fh:
         with tarfile.open(fileobj=fh, mode="w") as tar:

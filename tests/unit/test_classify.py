@@ -223,7 +223,7 @@ def test_directories_follow_what_is_inside(tmp_path: Path) -> None:
     assert got["tools"] == (Decision.DENY, "directory")  # strictest inside: a protected file
     assert got["tools/x"] == (Decision.DENY, "directory")
     assert got["empty"] == (Decision.REVIEW, "default")
-    assert got["docs"] == (Decision.AUTO, "rules[4]")  # "docs/" matches the folder itself
+    assert got["docs"] == (Decision.AUTO, "rules[5]")  # "docs/" matches the folder itself
     assert got["old"] == (Decision.AUTO, "directory")
     dir_chmod = one(Change("src", ChangeKind.MODE_CHANGED, d, Entry(Kind.DIR, 0o700)), default)
     assert dir_chmod.decision is Decision.REVIEW
@@ -305,3 +305,20 @@ def test_files_that_run_on_the_host_are_reviewed_at_any_depth_even_in_auto_mode(
             assert verdict[1] == "runs-on-host" or c.change.path.endswith(".envrc"), (c.change.path, c.rule)
     ordinary = {c.change.path: c.decision for c in classify([created("src/app.py"), created("a.txt")], default, ())}
     assert ordinary == {"src/app.py": Decision.AUTO, "a.txt": Decision.AUTO}
+
+
+def test_installed_dependencies_and_build_output_wait_for_a_person(tmp_path: Path) -> None:
+    """What an agent installs belongs in its container: node_modules/, a .venv/, build output at
+    the top of the project, caches, at whatever depth the rule says, even in auto mode; the
+    project's own source next to them is still ordinary."""
+    default = load_policy(tmp_path).policy
+    assert default.rules[0].id == "installed-dependencies"
+    paths = [
+        "node_modules/left-pad/index.js", "web/node_modules/react/package.json", ".venv/lib/python3.11/site.py",
+        "venv/bin/activate", "src/pkg.egg-info/PKG-INFO", "pkg/__pycache__/m.cpython-311.pyc", "build/lib/m.py",
+        "dist/app-1.0.tar.gz", "target/debug/app", ".tox/py311/log.txt", "a/b/c.pyc", "vendor/bundle/x.rb",
+    ]  # fmt: skip
+    for c in classify([created(p) for p in paths], default, ()):
+        assert (c.decision, c.rule) == (Decision.REVIEW, "installed-dependencies"), (c.change.path, c.rule)
+    ordinary = {c.change.path: c.decision for c in classify([created("src/build/x.py"), created("lib/m.py")], default, ())}
+    assert ordinary == {"src/build/x.py": Decision.AUTO, "lib/m.py": Decision.AUTO}

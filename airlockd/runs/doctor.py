@@ -83,6 +83,42 @@ def run_checks(workspace: Path) -> list[Check]:
         check["fix"] = "airlockd runtime build --with " + ",".join(wanted or ["codex,claude"])
     checks.append(check)
 
+    def project_images() -> str:
+        from airlockd.policy import load_policy
+        from airlockd.sandbox import projectimage
+        from airlockd.sandbox.image import image_tag
+
+        policy = load_policy(workspace).policy
+        asking = {n: a.image for n, a in sorted(policy.agents.items()) if projectimage.is_project_image(a.image)}
+        if not asking:
+            return "no agent builds the project's own image"
+        if client is None:
+            raise RuntimeError("no engine to ask")
+        lines = []
+        for name, spec in asking.items():
+            try:
+                tag, src = projectimage.project_tag(client, workspace, str(spec), image_tag())
+            except Exception as exc:
+                raise RuntimeError(f"agent {name}: {str(exc).splitlines()[0]}") from None
+            state = "built" if projectimage.has_image(client, tag) else "built at its next run (its inputs changed)"
+            ignored = f"; not applied: {', '.join(src.ignored)}" if src.ignored else ""
+            lines.append(f"{name}: {src.origin} -> {tag}, {state}{ignored}")
+        return "; ".join(lines)
+
+    checks.append(
+        _check("project images", project_images, "fix the devcontainer.json or Dockerfile named above, or `image`")
+    )
+
+    def broker() -> str:
+        from airlockd.policy import load_policy
+
+        policy = load_policy(workspace).policy
+        reach = {n: policy.broker_for(n).entries for n in sorted(policy.agents)}
+        shown = [f"{n}: {', '.join(str(e) for e in entries)}" for n, entries in reach.items() if entries]
+        return "agents reach " + "; ".join(shown) if shown else "no agent reaches a package registry ([broker] allow)"
+
+    checks.append(_check("package broker", broker, "correct [broker] allow in policies.toml"))
+
     def builder() -> str:
         from airlockd.sandbox.image import find_debootstrap
 

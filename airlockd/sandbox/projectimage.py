@@ -288,11 +288,11 @@ def ensure_project_image(
     """The project image with airlockd's layer, built when the engine lacks the tag its inputs
     give; the previous project image of this workspace is removed after a build."""
     tag, src = project_tag(client, workspace, spec, runtime_tag)
-    if _has(client, tag):
+    if has_image(client, tag):
         return tag
     lock = FileLock(os.path.join(tempfile.gettempdir(), f"airlockd-project-{tag.rpartition(':')[2]}.lock"))
     with lock:
-        if _has(client, tag):
+        if has_image(client, tag):
             return tag
         started = time.monotonic()
         if src.ignored:
@@ -316,7 +316,7 @@ def _workspace_key(workspace: Path) -> str:
     return hashlib.sha256(os.fsencode(os.path.realpath(workspace))).hexdigest()[:16]
 
 
-def _has(client: Any, tag: str) -> bool:
+def has_image(client: Any, tag: str) -> bool:
     try:
         client.images.get(tag)
     except Exception:

@@ -17,6 +17,8 @@ import ensurepip
 import io
 import json
 import socket
+import subprocess
+import sys
 import tarfile
 import threading
 import zipfile
@@ -284,8 +286,18 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
         started = next(e for e in audit(svc) if kind(e) == "container.starting" and e["run"] == rec.id)
         return str(started["data"]["image"]), out
 
+    def doctor() -> str:
+        found = subprocess.run(
+            [sys.executable, "-m", "airlockd", "doctor"], cwd=ws, capture_output=True, text=True, timeout=120
+        )
+        return next(line for line in found.stdout.splitlines() if "project images" in line)
+
+    before = doctor()
+    assert "dev: .devcontainer/devcontainer.json -> airlockd-project:" in before, before
+    assert "built at its next run" in before and "not applied: runArgs, privileged, capAdd, mounts" in before
     first, out = run()
     assert first.startswith("airlockd-project:")
+    assert f"{first}, built;" in doctor()
     for line in ("UID=1000", "CAPEFF=CapEff:0000000000000000", "NETS=lo ", "PYTHON=none", "FLAVOUR=plain"):
         assert line in out, (line, out)
     assert "ENVFILE=absent" in out and "CALC=present" in out  # the build context was the staged copy

@@ -320,5 +320,6 @@ def test_installed_dependencies_and_build_output_wait_for_a_person(tmp_path: Pat
     ]  # fmt: skip
     for c in classify([created(p) for p in paths], default, ()):
         assert (c.decision, c.rule) == (Decision.REVIEW, "installed-dependencies"), (c.change.path, c.rule)
-    ordinary = {c.change.path: c.decision for c in classify([created("src/build/x.py"), created("lib/m.py")], default, ())}
+    mine = [created("src/build/x.py"), created("lib/m.py")]
+    ordinary = {c.change.path: c.decision for c in classify(mine, default, ())}
     assert ordinary == {"src/build/x.py": Decision.AUTO, "lib/m.py": Decision.AUTO}

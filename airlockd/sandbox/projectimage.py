@@ -36,6 +36,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 import time
@@ -62,6 +63,9 @@ LOADER = "ld-linux-x86-64.so.2"
 PYTHON_LIBS = ("libc.so.6", "libm.so.6", "libz.so.1", "libexpat.so.1", LOADER)
 FORWARD_PYTHON = f"{PYTHON_HOME}/lib/{LOADER} --library-path {PYTHON_HOME}/lib {PYTHON_HOME}/bin/python3.11"
 LAYER = "airlockd's layer"
+# An image reference as a Dockerfile's FROM takes it (name, tag, digest): nothing that could end
+# the line or start another instruction in the layer's Dockerfile.
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 MAX_CONTEXT_FILES = 200_000
 MAX_CONTEXT_BYTES = 4 * 1024**3
 # devcontainer.json keys that would change how the container runs: never applied, said so.
@@ -202,6 +206,8 @@ def read_source(workspace: Path, spec: str) -> ProjectSource:
     image = doc.get("image")
     if not isinstance(image, str) or not image.strip():
         raise PolicyError(f"{found} names neither `image` nor `build.dockerfile`", hint=f"fix {found}")
+    if not IMAGE_REF.fullmatch(image.strip()):
+        raise PolicyError(f"{found}: `image` is not an image reference: {image.strip()[:100]!r}", hint=f"fix {found}")
     return ProjectSource(spec, found, raw, base_image=image.strip(), ignored=ignored)
 
 

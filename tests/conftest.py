@@ -108,6 +108,7 @@ _PODMAN_MODULES = {
     "test_daemon_nonroot",
     "test_spare_holders",
     "test_holder_service",
+    "test_project_image",
 }
 ENGINES = ("local", "remote", "podman")
 

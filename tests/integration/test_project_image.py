@@ -16,6 +16,7 @@ from __future__ import annotations
 import ensurepip
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -298,7 +299,8 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
     first, out = run()
     assert first.startswith("airlockd-project:")
     assert f"{first}, built;" in doctor()
-    for line in ("UID=1000", "CAPEFF=CapEff:0000000000000000", "NETS=lo ", "PYTHON=none", "FLAVOUR=plain"):
+    uid = os.getuid() or 1000  # the agent's user: root's runs get 1000, a user's their own uid, never 0
+    for line in (f"UID={uid}", "CAPEFF=CapEff:0000000000000000", "NETS=lo ", "PYTHON=none", "FLAVOUR=plain"):
         assert line in out, (line, out)
     assert "ENVFILE=absent" in out and "CALC=present" in out  # the build context was the staged copy
     assert "ROOTFS=read-only" in out
@@ -308,7 +310,7 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
     assert again == first and client.images.get(again).id == built  # cached: nothing rebuilt
     dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(runtime=image_tag(), extra="ENV CHANGED=1\n"))
     changed, out = run()
-    assert changed != first and "UID=1000" in out
+    assert changed != first and f"UID={uid}" in out
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(first)  # the workspace's previous image is gone
     client.images.remove(changed, force=True)

@@ -430,6 +430,30 @@ class TokenEvidence(Wire):
     source: str
 
 
+class EgressHost(Wire):
+    host: str  # "host:port"
+    bytes: int
+
+
+class EgressRefusal(Wire):
+    host: str | None = None
+    port: int | None = None
+    target: str | None = None  # what a CONNECT named when it was not host:port
+    status: int
+    reason: str
+
+
+class EgressEvidence(Wire):
+    """What the run's package broker let through and refused (docs/broker.md)."""
+
+    allowed: list[str]
+    tunnels: int
+    bytes: int
+    hosts: list[EgressHost]
+    refused: int
+    refusals: list[EgressRefusal]
+
+
 class EvidenceDocument(Wire):
     """A run's evidence (`airlockd show RUN --json`): redacted, never holding file contents."""
 
@@ -446,6 +470,7 @@ class EvidenceDocument(Wire):
     container: dict[str, Any]
     resources: ResourceEvidence
     tokens: TokenEvidence
+    egress: EgressEvidence | None = None
     workspace: dict[str, Any]
     timeline: list[dict[str, Any]]
 
@@ -469,6 +494,7 @@ class Evidence(Wire):
     container: dict[str, Any]
     resources: EditorResourceEvidence
     tokens: TokenEvidence
+    egress: EgressEvidence | None = None
     workspace: dict[str, Any]
     timeline: list[dict[str, Any]]
     transitions: list[Transition]

@@ -177,6 +177,9 @@ class RunRecord(_Record):
     # first approve / reject ("after"): the proof that nothing moved while the run was proposed
     live_tree: dict[str, Any] = Field(default_factory=dict)
     classifier: list[dict[str, Any]] = Field(default_factory=list)  # what the model classifier raised
+    # the package broker's use (gateway/broker.py Tunnels.summary): allowed, tunnels, bytes, hosts,
+    # refused, the first refusals; empty when the run had no broker and asked for none
+    egress: dict[str, Any] = Field(default_factory=dict)
     compacted_at: float | None = None  # when retention reduced the run to its summary (runs/retention.py)
 
     def file(self, path: str) -> FileReview | None:

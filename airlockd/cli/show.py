@@ -39,6 +39,12 @@ def print_run(doc: dict[str, Any]) -> None:
         )
     if doc.get("withheld"):
         print(f"  withheld from the agent: {', '.join(display(w['path']) for w in doc['withheld'])}")
+    if egress := doc.get("egress"):
+        reached = ", ".join(f"{display(h['host'])} ({h['bytes']} bytes)" for h in egress.get("hosts", [])) or "nothing"
+        print(f"  package broker: {egress.get('tunnels', 0)} tunnels to {reached}; {egress.get('refused', 0)} refused")
+        for r in egress.get("refusals", []):
+            where = f"{r.get('host')}:{r.get('port')}" if r.get("host") is not None else str(r.get("target"))
+            print(f"    refused {display(where)}: {r.get('status')} {display(str(r.get('reason', '')))}")
     if doc.get("files"):
         print("  changes:")
         for f in doc["files"]:

@@ -156,6 +156,7 @@ def evidence(service: Service, run_id: str) -> dict[str, Any]:
             "used": rec.tokens,
             "source": getattr(rec, "tokens_source", None) or TOKENS_UNMETERED,
         },
+        "egress": rec.egress or None,
         "workspace": _workspace_proof(service, rec),
         "timeline": timeline,
     }

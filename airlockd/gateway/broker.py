@@ -48,19 +48,45 @@ TUNNEL_READ = 256 * 1024
 BrokerHook = Callable[[str, dict[str, Any]], None]  # (event: refused / opened / closed, details): audit
 
 
+MAX_SHOWN = 20  # refusals and hosts a run's summary lists (all are audited)
+
+
 @dataclass
 class Tunnels:
     """One run's tunnels: its rules and what it has used of them."""
 
     rules: Broker
     on_event: BrokerHook
-    opened: int = 0
+    opened: int = 0  # tunnels let past the allow-list and caps (the max_connections cap counts these)
+    connected: int = 0  # ... that then reached their host
     active: int = 0
     bytes: int = 0
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    reached: dict[str, int] = field(default_factory=dict)  # "host:port" -> bytes both ways
+    refused: int = 0
+    refusals: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_SHOWN
 
     def spent(self) -> bool:
         return self.bytes >= self.rules.max_bytes
+
+    def refuse(self, where: dict[str, Any], refused: Refused) -> None:
+        self.refused += 1
+        event = {**where, "status": refused.status, "reason": refused.reason}
+        if len(self.refusals) < MAX_SHOWN:
+            self.refusals.append(event)
+        _later(self.on_event, "refused", event)
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's evidence says of its tunnels (records.RunRecord.egress)."""
+        hosts = sorted(self.reached.items(), key=lambda kv: -kv[1])
+        return {
+            "allowed": [str(e) for e in self.rules.entries],
+            "tunnels": self.connected,
+            "bytes": self.bytes,
+            "hosts": [{"host": h, "bytes": n} for h, n in hosts[:MAX_SHOWN]],
+            "refused": self.refused,
+            "refusals": list(self.refusals),
+        }
 
 
 class Refused(Exception):
@@ -136,7 +162,7 @@ async def _connect(addresses: list[IPAddress], port: int, timeout: float) -> tup
 
 
 async def open_tunnel(
-    tunnels: Tunnels | None,
+    tunnels: Tunnels,
     tokens: RunTokens,
     run_id: str,
     conn: h11.Connection,
@@ -149,7 +175,6 @@ async def open_tunnel(
     target = req.target.decode("ascii", "replace")[:300]
     headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in req.headers]
     where: dict[str, Any] = {"target": target}
-    hook = tunnels.on_event if tunnels is not None else None
     try:
         split = split_target(target)
         if split is None:
@@ -164,7 +189,7 @@ async def open_tunnel(
         except TokenRefused as exc:
             challenge = (("proxy-authenticate", 'Basic realm="airlockd"'),)
             raise Refused(407, f"run token refused: {exc.reason}", challenge) from None
-        if tunnels is None or not tunnels.rules.allow:
+        if not tunnels.rules.allow:
             raise Refused(403, "this run has no package broker: its agent's policy allows no host ([broker] allow)")
         rules = tunnels.rules
         entry = first_match(rules.entries, host, port)
@@ -180,8 +205,7 @@ async def open_tunnel(
         tunnels.opened += 1
         tunnels.active += 1
     except Refused as refused:
-        if hook is not None:
-            _later(hook, "refused", {**where, "status": refused.status, "reason": refused.reason})
+        tunnels.refuse(where, refused)
         await _refuse(conn, writer, refused)
         return
     try:
@@ -189,7 +213,7 @@ async def open_tunnel(
             addresses = await _addresses(host, port, entry.address is not None, rules.connect_timeout_s)
             up_reader, up_writer, ip = await _connect(addresses, port, rules.connect_timeout_s)
         except Refused as refused:
-            _later(tunnels.on_event, "refused", {**where, "status": refused.status, "reason": refused.reason})
+            tunnels.refuse(where, refused)
             await _refuse(conn, writer, refused)
             return
         await _carry(tunnels, conn, reader, writer, up_reader, up_writer, {**where, "address": str(ip)})
@@ -207,12 +231,14 @@ async def _carry(
     where: dict[str, Any],
 ) -> None:
     _later(tunnels.on_event, "opened", where)
+    tunnels.connected += 1
     tunnels.writers.add(up_writer)
     started = time.monotonic()
     moved = {"up": 0, "down": 0}
     last = [time.monotonic()]
     ended = ["closed"]
     idle = tunnels.rules.idle_timeout_s
+    reached = f"{where['host']}:{where['port']}"
     try:
         writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")) or b"")
         early, _ = conn.trailing_data
@@ -220,6 +246,7 @@ async def _carry(
             up_writer.write(early)
             tunnels.bytes += len(early)
             moved["up"] += len(early)
+            tunnels.reached[reached] = tunnels.reached.get(reached, 0) + len(early)
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, way: str) -> None:
             """Copy one way until its end (then half-close: the other way may still carry an
@@ -245,6 +272,7 @@ async def _carry(
                         break
                     tunnels.bytes += len(data)
                     moved[way] += len(data)
+                    tunnels.reached[reached] = tunnels.reached.get(reached, 0) + len(data)
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):

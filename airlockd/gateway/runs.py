@@ -166,6 +166,11 @@ def close_for_run(service: Any, rec: RunRecord) -> None:
         return
     requests, cut = gate.requests, gate.cut
     tokens = gw.close_run(rec.id)
+    tunnels = gate.tunnels
+    # kept with the run when it had a broker, or asked for one it did not have
+    egress = tunnels.summary() if tunnels is not None and (tunnels.rules.allow or tunnels.refused) else {}
+    if egress:
+        service.store.update_run(rec.id, lambda r: setattr(r, "egress", egress))
     service.audit.append(
         "gateway.closed",
         run=rec.id,
@@ -174,4 +179,5 @@ def close_for_run(service: Any, rec: RunRecord) -> None:
         requests=requests,
         tokens=tokens,
         budget_cut=cut,
+        broker={k: egress[k] for k in ("tunnels", "bytes", "refused")} if egress else None,
     )

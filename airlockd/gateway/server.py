@@ -39,7 +39,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import h11
 import httpx
@@ -48,9 +48,7 @@ from airlockd.errors import PolicyError
 from airlockd.gateway.broker import BrokerHook, Tunnels, open_tunnel
 from airlockd.gateway.tokens import PREFIX, RunTokens, TokenRefused
 from airlockd.gateway.usage import JsonUsage, SseUsage
-
-if TYPE_CHECKING:
-    from airlockd.policy import Broker
+from airlockd.policy import Broker
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +188,7 @@ class RunGate:
     closed: bool = False  # the run's gate is closed: nothing more is read for it
     connections: int = 0  # admitted requests in flight (at most MAX_CONNECTIONS)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
-    tunnels: Tunnels | None = None  # the package broker's rules and use (None: no broker)
+    tunnels: Tunnels | None = None  # the package broker's rules and use (no `allow`: every CONNECT refused)
 
 
 class Gateway:
@@ -247,8 +245,7 @@ class Gateway:
         same socket tunnels to the hosts they allow (broker.py), each event given to `on_broker`."""
         self.start()
         gate = RunGate(run_id, agent, route, socket_path, on_usage, on_refused)
-        if broker is not None and broker.allow:
-            gate.tunnels = Tunnels(broker, on_broker or (lambda event, data: None))
+        gate.tunnels = Tunnels(broker or Broker(), on_broker or (lambda event, data: None))
         self._call(self._listen(gate))
         with self._lock:
             self._gates[run_id] = gate
@@ -343,7 +340,7 @@ class Gateway:
                 if not isinstance(req, h11.Request):
                     return
                 if req.method == b"CONNECT":  # the package broker's; nothing more on this connection
-                    if isinstance(await _next(conn, reader), h11.EndOfMessage):
+                    if gate.tunnels is not None and isinstance(await _next(conn, reader), h11.EndOfMessage):
                         await open_tunnel(gate.tunnels, self.tokens, gate.run_id, conn, reader, writer, req)
                     return
                 if not req.target.startswith(b"/"):

@@ -169,7 +169,7 @@ def make_project(tmp_path: Path, ca_pem: bytes, policy: str, base: str | None = 
 
 
 def audit(svc: Service) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in svc.state.audit.read_text().splitlines()]
+    return list(svc.audit.events())
 
 
 def kind(e: dict[str, Any]) -> str:
@@ -224,6 +224,18 @@ def test_an_agent_installs_from_a_registry_through_the_broker_tests_and_proposes
         assert "not a public address" in refused[("localhost", near.port)]
         assert "allow-list" in refused[(host, far.port)]
         assert "hunter2" not in svc.state.audit.read_text()
+        # both doors show what the broker let through and refused: the CLI and the editor's evidence
+        shown = subprocess.run(
+            [sys.executable, "-m", "airlockd", "show", rec.id], cwd=ws, capture_output=True, text=True, timeout=60
+        ).stdout
+        assert f"package broker: {len(opened)} tunnels to 127.0.0.1:{reg.port} (" in shown, shown
+        assert f"refused 127.0.0.1:{other.port}: 403" in shown and f"refused localhost:{near.port}: 403" in shown
+        from airlockd.lsp.commands import evidence
+
+        egress = evidence(Service(ws), rec.id)["egress"]
+        assert egress["tunnels"] == len(opened) and egress["refused"] == 3
+        assert egress["allowed"] == [f"127.0.0.1:{reg.port}", f"localhost:{near.port}"]
+        assert egress["hosts"][0]["host"] == f"127.0.0.1:{reg.port}"
     finally:
         for lst in (other, near, far):
             lst.srv.close()

@@ -150,6 +150,12 @@ def test_an_allowed_address_tunnels_both_ways_and_is_audited(gateway: Gateway, t
     assert opened["host"] == "127.0.0.1" and opened["port"] == echo.port and opened["address"] == "127.0.0.1"
     closed = run.wait_event("closed")[0]
     assert closed["up"] == 24 and closed["down"] == 24 and closed["ended"] == "closed"
+    gate = gateway.gate(run.run_id)
+    assert gate is not None and gate.tunnels is not None
+    summary = gate.tunnels.summary()
+    assert summary["tunnels"] == 1 and summary["bytes"] == 48 and summary["refused"] == 0
+    assert summary["hosts"] == [{"host": f"127.0.0.1:{echo.port}", "bytes": 48}]
+    assert summary["allowed"] == [f"127.0.0.1:{echo.port}"]
 
 
 def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
@@ -164,6 +170,10 @@ def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tm
         refused = run.wait_event("refused", 4)
         assert {r["host"] for r in refused} == {"127.0.0.1", "127.0.0.2", "example.org", "pypi.org"}
         assert all(r["status"] == 403 for r in refused)
+        gate = gateway.gate(run.run_id)
+        assert gate is not None and gate.tunnels is not None
+        summary = gate.tunnels.summary()
+        assert (summary["tunnels"], summary["refused"], len(summary["refusals"])) == (0, 4, 4)
     finally:
         other.close()
 

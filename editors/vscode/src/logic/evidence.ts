@@ -141,6 +141,7 @@ function nodes(ev: Evidence, observed?: Peaks): Node[] {
         leaf("limit hit", ev.resources?.limit ? JSON.stringify(ev.resources.limit) : "none"),
       ],
     },
+    ...egressNodes(ev),
     {
       label: "audit timeline",
       description: String(ev.timeline?.length ?? 0),
@@ -154,6 +155,28 @@ function nodes(ev: Evidence, observed?: Peaks): Node[] {
       children: (ev.applied ?? []).map((a) =>
         leaf(`${a.txid}${a.undone ? " (undone)" : ""}`, `${time(a.at)} · ${a.paths.join(", ")}`),
       ),
+    },
+  ];
+}
+
+/** What the package broker let the agent reach and refused (none: the run had no broker). */
+function egressNodes(ev: Evidence): Node[] {
+  const e = ev.egress;
+  if (!e) return [];
+  const refusals = e.refusals.map((r) =>
+    leaf(r.host !== undefined ? `${r.host}:${r.port ?? "?"}` : String(r.target ?? "?"), `${r.status} · ${r.reason}`),
+  );
+  if (e.refused > e.refusals.length) refusals.push(leaf(`${e.refused - e.refusals.length} more`, "in the audit trail"));
+  return [
+    {
+      label: "package broker",
+      description: `${e.tunnels} tunnels · ${bytes(e.bytes)} · ${e.refused} refused`,
+      icon: "globe",
+      children: [
+        leaf("allowed", list(e.allowed)),
+        { label: "reached", description: String(e.hosts.length), children: e.hosts.map((h) => leaf(h.host, bytes(h.bytes))) },
+        { label: "refused", description: String(e.refused), children: refusals },
+      ],
     },
   ];
 }

@@ -307,6 +307,7 @@ export interface Evidence {
   };
   resources: EditorResourceEvidence;
   tokens: TokenEvidence;
+  egress?: EgressEvidence;
   workspace: {
     [k: string]: unknown;
   };
@@ -377,6 +378,28 @@ export interface TokenEvidence {
   used: number;
   source: string;
 }
+/**
+ * What the run's package broker let through and refused (docs/broker.md).
+ */
+export interface EgressEvidence {
+  allowed: string[];
+  tunnels: number;
+  bytes: number;
+  hosts: EgressHost[];
+  refused: number;
+  refusals: EgressRefusal[];
+}
+export interface EgressHost {
+  host: string;
+  bytes: number;
+}
+export interface EgressRefusal {
+  host?: string;
+  port?: number;
+  target?: string;
+  status: number;
+  reason: string;
+}
 export interface Transition {
   state: RunState;
   at: number;
@@ -412,6 +435,7 @@ export interface EvidenceDocument {
   };
   resources: ResourceEvidence;
   tokens: TokenEvidence;
+  egress?: EgressEvidence;
   workspace: {
     [k: string]: unknown;
   };

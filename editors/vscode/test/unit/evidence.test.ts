@@ -102,3 +102,30 @@ test("state: peaks from runStatus samples; proposals mark the run", () => {
   assert.equal(s.agents.get("bot")!.quarantined, true);
   assert.equal(changes, 4);
 });
+
+test("evidence tree: what the package broker let through and refused, escaped; no node without a broker", () => {
+  assert.equal(evidenceTree(ev).find((n) => n.label === "package broker"), undefined);
+  const withBroker: Evidence = {
+    ...ev,
+    egress: {
+      allowed: ["pypi.org:443", "127.0.0.1:8443"],
+      tunnels: 3,
+      bytes: 3 * 1024 * 1024,
+      hosts: [{ host: "127.0.0.1:8443", bytes: 3 * 1024 * 1024 }],
+      refused: 22,
+      refusals: [
+        { host: "evil.example", port: 443, status: 403, reason: "evil.example:443 is not in the broker's allow-list\u001b]52;c;eA==\u0007" },
+        { target: "nonsense", status: 400, reason: "CONNECT needs host:port" },
+      ],
+    },
+  };
+  const broker = find(evidenceTree(withBroker), "package broker");
+  assert.equal(broker.description, "3 tunnels · 3.0 MB · 22 refused");
+  assert.equal(find(broker.children ?? [], "allowed").description, "pypi.org:443, 127.0.0.1:8443");
+  assert.equal(find(broker.children ?? [], "reached").children?.[0]?.label, "127.0.0.1:8443");
+  const refused = find(broker.children ?? [], "refused").children ?? [];
+  assert.equal(refused[0]?.label, "evil.example:443");
+  assert.ok(!refused[0]?.description?.includes("\u001b"), "a terminal escape reaches the tree");
+  assert.equal(refused[1]?.label, "nonsense");
+  assert.equal(refused[2]?.label, "20 more");
+});

@@ -127,12 +127,23 @@ def split_target(target: str) -> tuple[str, int] | None:
     return host, int(port_text)
 
 
+_V6_UNICAST = ipaddress.ip_network("2000::/3")
+# Global unicast prefixes that carry an IPv4 address inside (6to4, Teredo, NAT64's well-known and
+# local-use prefixes): the IPv4 address could be this machine's or a private network's, and a
+# relay on the way would deliver there. Refused rather than unpicked.
+_V6_EMBEDDING = tuple(ipaddress.ip_network(n) for n in ("2002::/16", "2001::/32", "64:ff9b::/96", "64:ff9b:1::/48"))
+_V4_RELAYS = (ipaddress.ip_network("192.88.99.0/24"), ipaddress.ip_network("192.0.0.0/24"))
+
+
 def reachable(address: IPAddress) -> bool:
-    """Whether a name entry may reach `address`: a global unicast address (an IPv4 address mapped
-    into IPv6 is judged as itself)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_global and not address.is_multicast
+    """Whether a name entry may reach `address`: a global unicast IPv4 address (one mapped into
+    IPv6 is judged as itself; not the 6to4 relay anycast or the IETF protocol block), or a global
+    unicast IPv6 address in 2000::/3 that embeds no IPv4 address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return reachable(address.ipv4_mapped)
+        return address in _V6_UNICAST and address.is_global and not any(address in net for net in _V6_EMBEDDING)
+    return address.is_global and not address.is_multicast and not any(address in net for net in _V4_RELAYS)
 
 
 def first_match(entries: tuple[HostEntry, ...], host: str, port: int) -> HostEntry | None:

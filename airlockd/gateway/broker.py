@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -44,11 +46,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TUNNEL_READ = 256 * 1024
 BrokerHook = Callable[[str, dict[str, Any]], None]  # (event: refused / opened / closed, details): audit
 
 
-MAX_SHOWN = 20  # refusals and hosts a run's summary lists (all are audited)
+MAX_SHOWN = 20  # refusals and hosts a run's summary lists
+MAX_AUDITED_REFUSALS = 100  # a run's refusals audited one by one; the rest are counted (gateway.closed)
+# Names are resolved on threads of their own: a run that floods the gateway with requests cannot
+# hold another run's lookups up behind its audit writes (which go to the loop's default executor).
+_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="airlockd-resolve")
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Tunnels:
     reached: dict[str, int] = field(default_factory=dict)  # "host:port" -> bytes both ways
     refused: int = 0
     refusals: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_SHOWN
+    closed: bool = False  # the run's gate closed: a tunnel still connecting goes no further
 
     def spent(self) -> bool:
         return self.bytes >= self.rules.max_bytes
@@ -74,7 +80,8 @@ class Tunnels:
         event = {**where, "status": refused.status, "reason": refused.reason}
         if len(self.refusals) < MAX_SHOWN:
             self.refusals.append(event)
-        _later(self.on_event, "refused", event)
+        if self.refused <= MAX_AUDITED_REFUSALS:  # bounded: a flood costs the audit trail nothing more
+            _later(self.on_event, "refused", {**event, "last_audited": self.refused == MAX_AUDITED_REFUSALS})
 
     def summary(self) -> dict[str, Any]:
         """What the run's evidence says of its tunnels (records.RunRecord.egress)."""
@@ -115,9 +122,8 @@ def proxy_token(headers: list[tuple[str, str]]) -> str | None:
 
 async def _resolve(host: str, port: int, timeout: float) -> list[IPAddress]:
     loop = asyncio.get_running_loop()
-    infos = await asyncio.wait_for(
-        loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), timeout
-    )
+    lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    infos = await asyncio.wait_for(loop.run_in_executor(_RESOLVER, lookup), timeout)
     found: list[IPAddress] = []
     for _family, _type, _proto, _name, addr in infos:
         ip = parse_address(str(addr[0]).partition("%")[0])
@@ -136,29 +142,17 @@ async def _addresses(host: str, port: int, by_address: bool, timeout: float) -> 
     try:
         found = await _resolve(host, port, timeout)
     except (OSError, TimeoutError) as exc:
-        raise Refused(502, f"{host} does not resolve: {exc}") from None
+        raise Refused(502, f"{host.rstrip('.')} does not resolve: {exc}") from None
     usable = [ip for ip in found if reachable(ip)]
     if not usable:
         shown = ", ".join(str(ip) for ip in found[:4]) or "nothing"
         raise Refused(
             403,
-            f"{host} resolves to {shown}: not a public address, and a host name in the broker's"
+            f"{host.rstrip('.')} resolves to {shown}: not a public address, and a host name in the broker's"
             " allow-list never reaches this machine or a private network (name the address itself in the"
             " policy to allow it)",
         )
     return usable
-
-
-async def _connect(addresses: list[IPAddress], port: int, timeout: float) -> tuple[Any, Any, IPAddress]:
-    last: Exception | None = None
-    for ip in addresses:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(str(ip), port), timeout)
-        except (OSError, TimeoutError) as exc:
-            last = exc
-            continue
-        return reader, writer, ip
-    raise Refused(502, f"could not connect to port {port}: {last}")
 
 
 async def open_tunnel(
@@ -210,15 +204,128 @@ async def open_tunnel(
         return
     try:
         try:
-            addresses = await _addresses(host, port, entry.address is not None, rules.connect_timeout_s)
-            up_reader, up_writer, ip = await _connect(addresses, port, rules.connect_timeout_s)
+            # a dotted name is looked up absolute (a trailing dot): no search domain of this machine applies
+            lookup = host + "." if entry.address is None and "." in host else host
+            addresses = await _addresses(lookup, port, entry.address is not None, rules.connect_timeout_s)
+            await _carry(tunnels, conn, reader, writer, addresses, where)
         except Refused as refused:
             tunnels.refuse(where, refused)
             await _refuse(conn, writer, refused)
-            return
-        await _carry(tunnels, conn, reader, writer, up_reader, up_writer, {**where, "address": str(ip)})
     finally:
         tunnels.active -= 1
+
+
+class _Flow:
+    """One tunnel's two directions, carried by the transports themselves: each side's protocol
+    hands what it receives straight to the other side's transport (no stream buffers, no task per
+    chunk), counting it against the run's bytes. A side whose peer cannot take more pauses reading
+    (backpressure); a side that ends its writing half-closes the other; a tunnel with no byte
+    either way for `idle_timeout_s` (nothing said, or a reader that takes nothing) is aborted, as
+    is one whose bytes would pass the run's cap."""
+
+    def __init__(self, tunnels: Tunnels, where: dict[str, Any], client: Any, original: Any) -> None:
+        self.tunnels, self.where = tunnels, where
+        self.reached = f"{where['host']}:{where['port']}"
+        self.client, self.original = client, original  # the gateway connection and its stream protocol
+        self.upstream: Any = None
+        self.moved = {"up": 0, "down": 0}
+        self.ended = "closed"
+        self.eof: set[str] = set()
+        self.lost: set[str] = set()
+        self.last = time.monotonic()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def side(self, way: str) -> Any:
+        """The transport that receives `way`'s bytes (up: from the client, so the upstream's)."""
+        return self.upstream if way == "up" else self.client
+
+    def source(self, way: str) -> Any:
+        return self.client if way == "up" else self.upstream
+
+    def received(self, way: str, data: bytes) -> None:
+        if self.ended != "closed":
+            return
+        rules = self.tunnels.rules
+        if self.tunnels.bytes + len(data) > rules.max_bytes:
+            self.tunnels.bytes = rules.max_bytes  # spent: no tunnel opens after this one
+            self.end("bytes spent")
+            return
+        self.tunnels.bytes += len(data)
+        self.moved[way] += len(data)
+        self.tunnels.reached[self.reached] = self.tunnels.reached.get(self.reached, 0) + len(data)
+        self.last = time.monotonic()
+        self.side(way).write(data)
+
+    def half_close(self, way: str) -> None:
+        self.eof.add(way)
+        dst = self.side(way)
+        if dst is not None and dst.can_write_eof() and not dst.is_closing():
+            dst.write_eof()
+        if self.eof == {"up", "down"}:
+            self.client.close()
+            self.upstream.close()
+
+    def end(self, why: str) -> None:
+        """End both sides now, unsent bytes dropped (they must not keep a dead tunnel open)."""
+        if self.ended == "closed":
+            self.ended = why
+        for t in (self.client, self.upstream):
+            if t is not None:
+                t.abort()
+
+    def connection_lost(self, way: str, exc: Exception | None) -> None:
+        """`way`'s source is gone: the other side goes too (after what it still has to send,
+        when the tunnel ended well)."""
+        self.lost.add(way)
+        if way == "up":  # the gateway connection: its stream protocol learns it too (`_serve` waits on it)
+            self.original.connection_lost(exc)
+        other = self.side(way)
+        if other is not None and not other.is_closing():
+            other.close() if self.ended == "closed" else other.abort()
+        if self.lost == {"up", "down"} and not self.done.done():
+            self.done.set_result(None)
+
+    def watch_idle(self) -> None:
+        if self.done.done():
+            return
+        idle = self.tunnels.rules.idle_timeout_s
+        quiet = time.monotonic() - self.last
+        if quiet >= idle:
+            self.end("idle")
+            return
+        asyncio.get_running_loop().call_later(idle - quiet + 0.01, self.watch_idle)
+
+
+class _Side(asyncio.Protocol):
+    """One side of a `_Flow`: what it receives goes the flow's `way`."""
+
+    def __init__(self, flow: _Flow, way: str) -> None:
+        self.flow, self.way = flow, way
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.way == "down":  # the upstream's: nothing is read before the client has its 200
+            self.flow.upstream = transport
+            transport.pause_reading()  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.flow.received(self.way, data)
+
+    def eof_received(self) -> bool:
+        self.flow.half_close(self.way)
+        return True  # keep the transport: the other way may still carry an answer
+
+    def pause_writing(self) -> None:  # this side's peer cannot take more: stop reading what feeds it
+        src = self.flow.side(self.way)
+        if src is not None and not src.is_closing():
+            src.pause_reading()
+
+    def resume_writing(self) -> None:
+        src = self.flow.side(self.way)
+        if src is not None and not src.is_closing():
+            src.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.flow.connection_lost(self.way, exc)
 
 
 async def _carry(
@@ -226,70 +333,53 @@ async def _carry(
     conn: h11.Connection,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
+    addresses: list[IPAddress],
     where: dict[str, Any],
 ) -> None:
-    _later(tunnels.on_event, "opened", where)
+    """Connect to the first of `addresses` that answers, answer the client 200, and carry the
+    tunnel until it ends (Refused when no address answers)."""
+    client: Any = writer.transport
+    flow = _Flow(tunnels, where, client, client.get_protocol())
+    loop = asyncio.get_running_loop()
+    port, last_error = where["port"], None
+    for ip in addresses:
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _Side(flow, "down"), str(ip), port), tunnels.rules.connect_timeout_s
+            )
+            break
+        except (OSError, TimeoutError) as exc:
+            last_error = exc
+    else:
+        raise Refused(502, f"could not connect to port {port}: {last_error}")
+    if tunnels.closed:  # the run ended while this tunnel was connecting
+        flow.upstream.abort()
+        return
+    where = {**where, "address": str(ip)}
+    _later(tunnels.on_event, "opened", where)  # at most max_connections of these: bounded
     tunnels.connected += 1
-    tunnels.writers.add(up_writer)
+    tunnels.writers.add(flow.upstream)
     started = time.monotonic()
-    moved = {"up": 0, "down": 0}
-    last = [time.monotonic()]
-    ended = ["closed"]
-    idle = tunnels.rules.idle_timeout_s
-    reached = f"{where['host']}:{where['port']}"
     try:
-        writer.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")) or b"")
-        early, _ = conn.trailing_data
+        client.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")) or b"")
+        # what was read past the request already: h11's, and the stream's (asyncio keeps it there)
+        buffered: bytearray = getattr(reader, "_buffer", bytearray())
+        early = conn.trailing_data[0] + bytes(buffered)
+        buffered.clear()
+        client.set_protocol(_Side(flow, "up"))
+        client.resume_reading()  # the stream protocol may have paused it
         if early:
-            up_writer.write(early)
-            tunnels.bytes += len(early)
-            moved["up"] += len(early)
-            tunnels.reached[reached] = tunnels.reached.get(reached, 0) + len(early)
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, way: str) -> None:
-            """Copy one way until its end (then half-close: the other way may still carry an
-            answer), or until the tunnel idles out, the run's bytes are spent, or either side
-            fails (then both sides close)."""
-            try:
-                while ended[0] == "closed":
-                    try:
-                        data = await asyncio.wait_for(src.read(TUNNEL_READ), idle)
-                    except TimeoutError:
-                        if time.monotonic() - last[0] < idle:
-                            continue  # the other way is busy: a download needs no upload
-                        ended[0] = "idle"
-                        break
-                    if not data:
-                        if dst.can_write_eof():
-                            dst.write_eof()
-                        return
-                    last[0] = time.monotonic()
-                    if tunnels.bytes + len(data) > tunnels.rules.max_bytes:
-                        tunnels.bytes = tunnels.rules.max_bytes  # spent: no tunnel opens after this one
-                        ended[0] = "bytes spent"
-                        break
-                    tunnels.bytes += len(data)
-                    moved[way] += len(data)
-                    tunnels.reached[reached] = tunnels.reached.get(reached, 0) + len(data)
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            for w in (writer, up_writer):
-                w.close()
-
-        await asyncio.gather(pump(reader, up_writer, "up"), pump(up_reader, writer, "down"))
+            flow.received("up", early)
+        flow.upstream.resume_reading()
+        flow.watch_idle()
+        await flow.done
     finally:
-        tunnels.writers.discard(up_writer)
-        up_writer.close()
-        with contextlib.suppress(Exception):
-            await up_writer.wait_closed()
-        if tunnels.spent() and ended[0] == "closed":
-            ended[0] = "bytes spent"
+        tunnels.writers.discard(flow.upstream)
+        if not flow.done.done():  # cancelled: the gateway is shutting down
+            flow.end("gateway closed")
+        ended = "bytes spent" if flow.ended == "closed" and tunnels.spent() else flow.ended
         seconds = round(time.monotonic() - started, 3)
-        _later(tunnels.on_event, "closed", {**where, **moved, "seconds": seconds, "ended": ended[0]})
+        _later(tunnels.on_event, "closed", {**where, **flow.moved, "seconds": seconds, "ended": ended})
 
 
 async def _refuse(conn: h11.Connection, writer: asyncio.StreamWriter, refused: Refused) -> None:

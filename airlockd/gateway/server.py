@@ -315,6 +315,8 @@ class Gateway:
         gate.closed = True
         if gate.server is not None:
             gate.server.close()
+        if gate.tunnels is not None:
+            gate.tunnels.closed = True
         for w in [*gate.writers, *(gate.tunnels.writers if gate.tunnels else ())]:
             w.close()
         gate.writers.clear()

@@ -132,7 +132,8 @@ class DockerSandbox:
             if engine == enginepaths.PODMAN:
                 enginepaths.refuse_image_workspace(self.client, spec.image)
                 profile = enginepaths.host_profile_path(self.client, spec.image)
-        kwargs = create_kwargs(spec, engine, profile, enginepaths.engine_limits())
+            volumes_of_image = _image_volumes(self.client, spec.image)
+        kwargs = create_kwargs(spec, engine, profile, enginepaths.engine_limits(), volumes_of_image)
         started = time.monotonic()
         container: Container | None = None
         watch: cgroups.CgroupWatch | None = None
@@ -294,7 +295,7 @@ class DockerSandbox:
         found = self._find(run_id)
         for c in found:
             with _engine(f"removing the container of run {run_id}"), contextlib.suppress(docker.errors.NotFound):
-                c.remove(force=True)
+                c.remove(force=True, v=True)
         volumes.remove_labelled(self.client, run_id)
         layers.release(self.client, run_id)
         return len(found)
@@ -436,7 +437,7 @@ class DockerSandbox:
             return
         for c in targets:
             try:
-                c.remove(force=True)
+                c.remove(force=True, v=True)  # v: an anonymous volume the engine made goes with it
             except docker.errors.NotFound:
                 pass
             except _DockerFailure as exc:
@@ -560,3 +561,13 @@ def _since(iso: str) -> float:
     except ValueError:
         return 0.0
     return max(0.0, time.time() - at)
+
+
+def _image_volumes(client: Any, image: str) -> tuple[str, ...]:
+    """The paths the image declares as VOLUME: the engine would make each an anonymous, writable,
+    uncapped volume on its own disk, outliving the run; create_kwargs covers them instead."""
+    try:
+        config = client.images.get(image).attrs.get("Config") or {}
+    except docker.errors.ImageNotFound:
+        return ()  # create() says the image is missing, with its own hint
+    return tuple(sorted(str(p) for p in (config.get("Volumes") or {})))

@@ -37,6 +37,9 @@ ULIMITS = (("core", 0, 0),)
 #: Podman mounts a writable tmpfs of no size at /var/tmp of a read-only root (Docker leaves it
 #: read-only): there it is read-only, so /tmp stays the one bounded place to write besides /workspace
 PODMAN_TMPFS = {"/var/tmp": "ro,size=64k,mode=755"}
+#: over each VOLUME the image declares (a project's image may): read-only and empty, so the engine
+#: makes no anonymous volume there (writable, uncapped, on its disk, outliving the run)
+MASKED_VOLUME = "ro,size=64k,mode=755"
 
 
 def _profile(spec: ContainerSpec, engine: str, host_profile: str | None) -> list[str]:
@@ -50,6 +53,12 @@ def _profile(spec: ContainerSpec, engine: str, host_profile: str | None) -> list
     if not host_profile:
         raise UsageError(f"run {spec.run_id}: on Podman a container needs airlockd's seccomp profile")
     return [f"seccomp={host_profile}"]
+
+
+def _mounted(path: str, mounts: list[Mount]) -> bool:
+    """Whether `path` is /tmp or a mount's target already (the run's own mount wins)."""
+    norm = path.rstrip("/") or "/"
+    return norm == "/tmp" or any(str(m["Target"]).rstrip("/") == norm for m in mounts)
 
 
 def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
@@ -71,12 +80,14 @@ def create_kwargs(
     engine: str = enginepaths.DOCKER,
     host_profile: str | None = None,
     engine_limits: tuple[tuple[str, int, int], ...] = enginepaths.PODMAN_ULIMITS,
+    image_volumes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The arguments of `containers.create` for `spec` on an engine of kind `engine`
     (`enginepaths.kind`): every security flag and limit, derived from the spec alone (no client).
     On Podman a container on the host's kernel gets airlockd's seccomp profile, `host_profile`
     (its file on the engine's host: `enginepaths.host_profile_path`), and `engine_limits` (the
-    engine's own: `enginepaths.engine_limits`) where the run sets none of its own. Raises
+    engine's own: `enginepaths.engine_limits`) where the run sets none of its own. Each of
+    `image_volumes` (the image's VOLUME paths) gets an empty read-only tmpfs (MASKED_VOLUME). Raises
     UsageError for a spec the sandbox refuses (a network other than "none", an empty command,
     relative or missing paths)."""
     if spec.network != "none":
@@ -119,7 +130,11 @@ def create_kwargs(
         "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id, RUNTIME_LABEL: spec.runtime},
         "network_mode": "none",
         "read_only": True,
-        "tmpfs": {"/tmp": f"size={lim.tmpfs_mb}m,mode=1777", **(PODMAN_TMPFS if engine == enginepaths.PODMAN else {})},
+        "tmpfs": {
+            **{p: MASKED_VOLUME for p in image_volumes if p.startswith("/") and not _mounted(p, mounts)},
+            "/tmp": f"size={lim.tmpfs_mb}m,mode=1777",
+            **(PODMAN_TMPFS if engine == enginepaths.PODMAN else {}),
+        },
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *_profile(spec, engine, host_profile)],
         "mounts": mounts,

@@ -350,3 +350,58 @@ def test_an_agent_table_replaces_what_it_sets() -> None:
     )
     assert policy.broker_for("a").allow == ["registry.npmjs.org"] and policy.broker_for("a").max_bytes == 100
     assert policy.broker_for("b").allow == ["pypi.org"]
+
+
+def test_bytes_sent_with_the_connect_count_against_the_cap(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+    run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"], max_bytes=1000)
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(str(run.sock))
+    cred = base64.b64encode(f"airlock:{run.token}".encode()).decode()
+    head = f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {cred}\r\n\r\n".encode()
+    s.sendall(head + b"x" * 60000)  # pipelined past the request, before the answer
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    assert b"x" not in got  # nothing came back from the echo: nothing went up (the tunnel was ended at once)
+    assert run.wait_event("closed")[0]["ended"] == "bytes spent"
+
+
+def test_a_tunnel_whose_reader_takes_nothing_ends(gateway: Gateway, tmp_path: Path) -> None:
+    big = Echo(size=64 * 1024 * 1024)
+    try:
+        run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{big.port}"], idle_timeout_s=0.5, concurrent=1)
+        s, status, _ = run.connect(f"127.0.0.1:{big.port}")
+        assert status == 200
+        # never read: the buffers fill, the broker stops reading the host, nothing moves for the idle time
+        assert run.wait_event("closed", timeout=10)[0]["ended"] == "idle"
+        s.close()
+        again, status, _ = run.connect(f"127.0.0.1:{big.port}")
+        assert status == 200  # its slot is free again
+        again.close()
+    finally:
+        big.close()
+
+
+def test_a_flood_of_refusals_is_audited_up_to_a_bound_and_counted(gateway: Gateway, tmp_path: Path) -> None:
+    from airlockd.gateway.broker import MAX_AUDITED_REFUSALS
+
+    run = BrokerRun(gateway, tmp_path, allow=["pypi.org"])
+    for _ in range(MAX_AUDITED_REFUSALS + 30):
+        _, status, _ = run.connect("example.org:443")
+        assert status == 403
+    audited = run.wait_event("refused", MAX_AUDITED_REFUSALS)
+    time.sleep(0.3)
+    assert len(run.wait_event("refused", MAX_AUDITED_REFUSALS)) == MAX_AUDITED_REFUSALS
+    assert audited[-1]["last_audited"] is True
+    gate = gateway.gate(run.run_id)
+    assert gate is not None and gate.tunnels is not None and gate.tunnels.refused == MAX_AUDITED_REFUSALS + 30
+
+
+def test_ipv6_forms_that_carry_an_ipv4_address_are_not_reachable_by_name() -> None:
+    import ipaddress
+
+    for embedded in ("::7f00:1", "::a9fe:a9fe", "64:ff9b::7f00:1", "2002:7f00:1::", "2001:0:4136:e378::1", "fec0::1"):
+        assert not reachable(ipaddress.ip_address(embedded)), embedded
+    assert not reachable(ipaddress.ip_address("192.88.99.1"))
+    assert reachable(ipaddress.ip_address("2a04:4e42::223"))

@@ -137,3 +137,13 @@ def test_overlay_workspace_is_the_runs_volume(tmp_path: Path) -> None:
 def test_the_command_and_environment_are_passed_as_given(tmp_path: Path) -> None:
     kw = create_kwargs(spec(tmp_path, env={"HOME": "/tmp/home"}))
     assert (kw["image"], kw["command"], kw["environment"]) == ("img:1", ["agent", "--go"], {"HOME": "/tmp/home"})
+
+
+def test_the_images_volumes_are_covered_empty_and_read_only(tmp_path: Path) -> None:
+    """A VOLUME in the image would be an anonymous volume: writable, uncapped, on the engine's disk
+    and outliving the run. Each gets an empty read-only tmpfs instead; the run's own mounts and
+    /tmp stay as they are."""
+    kw = create_kwargs(spec(tmp_path), image_volumes=("/cache", "/workspace", "/tmp", "relative", "/var/lib/db/"))
+    assert kw["tmpfs"]["/cache"] == kw["tmpfs"]["/var/lib/db/"] == "ro,size=64k,mode=755"
+    assert "/workspace" not in kw["tmpfs"] and "relative" not in kw["tmpfs"]
+    assert kw["tmpfs"]["/tmp"].startswith("size=")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from fakesandbox import FakeSandbox, workspace
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from test_known_values import ENCODINGS
 
@@ -47,7 +47,10 @@ def test_high_entropy_assignment_masked_low_entropy_kept() -> None:
 @example('"00","000000')
 @example('""#}0a10="1x},00')  # no space before the #: no comment
 @example("'abcd'efgh")
+@example("[REDACTE")  # part of the mask: assumed away (it is in every masked text)
 def test_registered_values_never_survive(secret: str) -> None:
+    # a "secret" that is part of the mask itself ("[REDACTE", found by a run) is in every masked text
+    assume(secret not in MASK)
     red = Redactor()
     red.add_file_values(f"DB_PASSWORD={secret}\n")
     out = red.value({"msg": f"connecting with {secret}!", "list": [secret]})

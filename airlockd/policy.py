@@ -205,7 +205,12 @@ class AgentConfig(_Model):
     adapter: Literal["command", "codex", "claude", "opencode", "gemini", "aider"] = "command"
     command: list[str] = Field(default_factory=list)
     prompt: Literal["stdin", "argv"] = "stdin"
+    # an image tag, or the project's own: "devcontainer", "./path/Dockerfile" (docs/broker.md)
     image: str | None = None
+    # the network of a project image's build (its RUN steps): none, or the engine's default; the
+    # agent's container has none either way. A build runs the project's files: with a network, what
+    # an agent wrote and a person approved runs there with it.
+    build_network: Literal["none", "default"] = "none"
     runtime: Runtime | None = None  # None: `[defaults] runtime`
     mode: Mode | None = None
     clearance: Level | None = None

@@ -95,9 +95,14 @@ def run_checks(workspace: Path) -> list[Check]:
         if client is None:
             raise RuntimeError("no engine to ask")
         lines = []
+        from airlockd.runs.runtime import image_scope
+
         for name, spec in asking.items():
+            network = policy.agent(name).build_network
             try:
-                tag, src = projectimage.project_tag(client, workspace, str(spec), image_tag())
+                tag, src = projectimage.project_tag(
+                    client, workspace, str(spec), image_tag(), image_scope(policy, name), network
+                )
             except Exception as exc:
                 raise RuntimeError(f"agent {name}: {str(exc).splitlines()[0]}") from None
             state = "built" if projectimage.has_image(client, tag) else "built at its next run (its inputs changed)"

@@ -11,6 +11,7 @@ from airlockd.errors import EngineError
 from airlockd.sandbox import enginepaths, projectimage
 from airlockd.sandbox.image import agent_cli, ensure_agent_image, ensure_image
 from airlockd.staging import copy
+from airlockd.staging.mirror import policy_digest
 
 
 def build(*, force: bool = False, agents: Iterable[str] = (), progress: Callable[[str], None]) -> dict[str, str]:
@@ -33,6 +34,12 @@ def build(*, force: bool = False, agents: Iterable[str] = (), progress: Callable
     return built
 
 
+def image_scope(policy: Any, agent: str) -> str:
+    """What a project image's staged build context depends on besides the files: the staging
+    rules and the agent's clearance."""
+    return policy_digest(policy, policy.clearance_for(agent))
+
+
 def agent_image(svc: Any, agent: str, progress: Callable[[str], None]) -> str:
     """The image `agent`'s container runs: its policy's `image` tag as it is, the runtime image
     (with the agent CLI's layer), or, for `image = "devcontainer"` or `"./path/Dockerfile"`, the
@@ -51,7 +58,15 @@ def agent_image(svc: Any, agent: str, progress: Callable[[str], None]) -> str:
     scratch = svc.state.root / "tmp"
     scratch.mkdir(mode=0o700, exist_ok=True)
     tag = projectimage.ensure_project_image(
-        client, workspace, str(cfg.image), runtime_tag, staged, progress=progress, scratch=scratch
+        client,
+        workspace,
+        str(cfg.image),
+        runtime_tag,
+        staged,
+        scope=image_scope(policy, agent),
+        network=cfg.build_network,
+        progress=progress,
+        scratch=scratch,
     )
     if cfg.adapter == "command":
         return tag

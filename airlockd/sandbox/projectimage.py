@@ -37,6 +37,7 @@ import io
 import json
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import time
@@ -67,6 +68,7 @@ LAYER = "airlockd's layer"
 # the line or start another instruction in the layer's Dockerfile.
 IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 MAX_CONTEXT_FILES = 200_000
+MAX_DEFINITION_BYTES = 1 << 20  # a devcontainer.json, a Dockerfile, a .dockerignore
 MAX_CONTEXT_BYTES = 4 * 1024**3
 # devcontainer.json keys that would change how the container runs: never applied, said so.
 LOOSENING = (
@@ -149,13 +151,7 @@ def read_source(workspace: Path, spec: str) -> ProjectSource:
     is missing or wrong, and where."""
     if spec != "devcontainer":
         rel = _inside(workspace, spec, "the agent's Dockerfile")
-        try:
-            data = (workspace / rel).read_bytes()
-        except OSError as exc:
-            raise PolicyError(
-                f"the agent's image is the Dockerfile {spec}, which cannot be read: {exc.strerror}",
-                hint="fix `image` in the policy, or add that file",
-            ) from None
+        data = _read_regular(workspace / rel, f"the agent's Dockerfile {spec}")
         return ProjectSource(spec, rel, data, dockerfile=rel, context=".")
     found = next((f for f in DEVCONTAINER_FILES if (workspace / f).is_file()), None)
     if found is None:
@@ -164,7 +160,7 @@ def read_source(workspace: Path, spec: str) -> ProjectSource:
             hint='add one (with `image` or `build.dockerfile`), or name a Dockerfile: image = "./Dockerfile"',
         )
     _inside(workspace, found, "devcontainer.json")
-    raw = (workspace / found).read_bytes()
+    raw = _read_regular(workspace / found, found)
     try:
         doc = json.loads(strip_jsonc(raw.decode("utf-8-sig")))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -211,10 +207,31 @@ def read_source(workspace: Path, spec: str) -> ProjectSource:
     return ProjectSource(spec, found, raw, base_image=image.strip(), ignored=ignored)
 
 
-def _ignore(workspace: Path, context: str) -> pathspec.PathSpec:
+def _read_regular(path: Path, what: str, limit: int = MAX_DEFINITION_BYTES) -> bytes:
+    """A definition file's bytes: a regular file, not followed through a link, at most `limit`
+    bytes (a fifo, a device or a huge file is refused, never waited on or read whole)."""
     try:
-        lines = (workspace / context / ".dockerignore").read_text(errors="replace").splitlines()
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolicyError(f"{what} cannot be read: {exc.strerror}", hint=f"check {what}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PolicyError(f"{what} is not a regular file", hint=f"make {what} a file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise PolicyError(f"{what} is larger than {limit} bytes", hint=f"check {what}")
+    return data
+
+
+def _ignore(workspace: Path, context: str) -> pathspec.PathSpec:
+    path = workspace / context / ".dockerignore"
+    try:
+        lines = _read_regular(path, ".dockerignore").decode("utf-8", "replace").splitlines()
+    except PolicyError:
+        if os.path.lexists(path):
+            raise
         lines = []
     return gitignore_spec([".git", *lines])
 
@@ -250,16 +267,20 @@ def _listing(root: Path, ignore: pathspec.PathSpec) -> Iterator[tuple[str, os.st
                 stack.append(rel)
 
 
-def inputs_digest(workspace: Path, src: ProjectSource, runtime_tag: str, base_id: str | None) -> str:
-    """The digest of everything the project image is made from (the module's docstring)."""
+def inputs_digest(
+    workspace: Path, src: ProjectSource, runtime_tag: str, base_id: str | None, scope: str, network: str = "none"
+) -> str:
+    """The digest of everything the project image is made from (the module's docstring). `scope`
+    says what the staging rules were (the withhold rules, the labels and the agent's clearance:
+    staging/mirror.py `policy_digest`): an agent cleared for less, or a policy that withholds more,
+    never gets an image built from a copy that held more."""
     h = hashlib.sha256()
-    h.update(json.dumps([LAYER_VERSION, runtime_tag, src.spec, src.origin, base_id, src.args, src.target]).encode())
+    key = _workspace_key(workspace)
+    fields = [LAYER_VERSION, runtime_tag, src.spec, src.origin, base_id, src.args, src.target, scope, key, network]
+    h.update(json.dumps(fields).encode())
     h.update(src.origin_bytes)
     if src.dockerfile is not None:
-        try:
-            h.update((workspace / src.dockerfile).read_bytes())
-        except OSError as exc:
-            raise PolicyError(f"{src.dockerfile} cannot be read: {exc.strerror}", hint=f"fix {src.origin}") from None
+        h.update(_read_regular(workspace / src.dockerfile, src.dockerfile))
         for rel, st in _listing(workspace / src.context, _ignore(workspace, src.context)):
             h.update(f"{rel}\0{st.st_size}\0{st.st_mode}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
@@ -275,10 +296,12 @@ def _base_id(client: Any, image: str) -> str:
         ) from None
 
 
-def project_tag(client: Any, workspace: Path, spec: str, runtime_tag: str) -> tuple[str, ProjectSource]:
+def project_tag(
+    client: Any, workspace: Path, spec: str, runtime_tag: str, scope: str, network: str = "none"
+) -> tuple[str, ProjectSource]:
     src = read_source(workspace, spec)
     base_id = _base_id(client, src.base_image) if src.base_image else None
-    return f"{REPO}:{inputs_digest(workspace, src, runtime_tag, base_id)[:16]}", src
+    return f"{REPO}:{inputs_digest(workspace, src, runtime_tag, base_id, scope, network)[:16]}", src
 
 
 def ensure_project_image(
@@ -288,12 +311,15 @@ def ensure_project_image(
     runtime_tag: str,
     stage: Stage,
     *,
+    scope: str,
+    network: str = "none",
     progress: Progress = print,
     scratch: Path | None = None,
 ) -> str:
     """The project image with airlockd's layer, built when the engine lacks the tag its inputs
-    give; the previous project image of this workspace is removed after a build."""
-    tag, src = project_tag(client, workspace, spec, runtime_tag)
+    give; the previous project image of this workspace is removed after a build. The build's
+    RUN steps have `network` ("none", or the engine's "default")."""
+    tag, src = project_tag(client, workspace, spec, runtime_tag, scope, network)
     if has_image(client, tag):
         return tag
     lock = FileLock(os.path.join(tempfile.gettempdir(), f"airlockd-project-{tag.rpartition(':')[2]}.lock"))
@@ -307,12 +333,15 @@ def ensure_project_image(
         base = src.base_image
         if base is None:
             base = f"{tag}-base"
-            _build_project(client, workspace, src, base, stage, progress, scratch)
-        progress(f"project image: adding airlockd's layer -> {tag}")
-        labels = {"airlockd.project": _workspace_key(workspace), "airlockd.project.source": src.spec}
-        _build(client, _layer_context(base, runtime_tag, labels), tag, LAYER)
-        if base != src.base_image:
-            _remove(client, base)  # its layers stay, under the new tag
+            _build_project(client, workspace, src, base, stage, progress, scratch, network)
+        try:
+            _refuse_onbuild(client, base)
+            progress(f"project image: adding airlockd's layer -> {tag}")
+            labels = {"airlockd.project": _workspace_key(workspace), "airlockd.project.source": src.spec}
+            _build(client, _layer_context(base, runtime_tag, labels), tag, LAYER, network="none")
+        finally:
+            if base != src.base_image:
+                _remove(client, base)  # its layers stay, under the new tag
         _remove_older(client, workspace, tag)
         progress(f"project image: {tag} ready in {time.monotonic() - started:.0f} s")
     return tag
@@ -349,11 +378,74 @@ def _remove_older(client: Any, workspace: Path, keep: str) -> None:
                 _remove(client, t)
 
 
+def _refuse_onbuild(client: Any, image: str) -> None:
+    """An image with ONBUILD instructions would run them in airlockd's layer build: refused."""
+    try:
+        config = client.images.get(image).attrs.get("Config") or {}
+    except Exception:
+        return  # the build that follows says what is missing
+    if config.get("OnBuild"):
+        raise PolicyError(
+            f"the project's image {image} declares ONBUILD instructions, which would run when airlockd adds its layer",
+            hint="remove the ONBUILD lines (or build from an image without them)",
+        )
+
+
+def image_references(dockerfile: str) -> list[str]:
+    """The images a Dockerfile names in FROM and COPY --from (stages it defines, `scratch` and
+    references made of build arguments left out): what the engine would otherwise pull."""
+    text = re.sub(r"\\\r?\n", " ", dockerfile)
+    stages: set[str] = set()
+    found: list[str] = []
+    for line in text.splitlines():
+        words = line.strip().split()
+        if not words or words[0].startswith("#"):
+            continue
+        op = words[0].upper()
+        if op == "FROM":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            if args:
+                if args[0].lower() != "scratch" and args[0].lower() not in stages:
+                    found.append(args[0])
+                if len(args) >= 3 and args[1].upper() == "AS":
+                    stages.add(args[2].lower())
+        elif op in ("COPY", "ADD"):
+            for w in words[1:]:
+                if w.startswith("--from="):
+                    ref = w.removeprefix("--from=")
+                    if ref.lower() not in stages and not ref.isdigit():
+                        found.append(ref)
+    return [r for r in found if "$" not in r]
+
+
+def _check_references(client: Any, dockerfile: str, what: str) -> None:
+    """Every image the Dockerfile names is on the engine already (airlockd asks no registry), and
+    none is another workspace's project image (its staged sources are in it)."""
+    for ref in image_references(dockerfile):
+        if ref.split(":")[0].split("@")[0] == REPO:
+            raise PolicyError(f"{what} builds from {ref}, an image airlockd made of a workspace", hint=f"fix {what}")
+        if not has_image(client, ref):
+            raise EngineError(
+                f"{what} names the image {ref!r}, which is not on the engine, and airlockd asks no registry for it",
+                hint=f"put it on the engine first (docker pull {ref}, or docker load), then retry",
+            )
+
+
 def _build_project(
-    client: Any, workspace: Path, src: ProjectSource, tag: str, stage: Stage, progress: Progress, scratch: Path | None
+    client: Any,
+    workspace: Path,
+    src: ProjectSource,
+    tag: str,
+    stage: Stage,
+    progress: Progress,
+    scratch: Path | None,
+    network: str,
 ) -> None:
     """Build the project's Dockerfile from the staged copy of its context, under `tag`."""
     assert src.dockerfile is not None
+    _check_references(
+        client, _read_regular(workspace / src.dockerfile, src.dockerfile).decode("utf-8", "replace"), src.dockerfile
+    )
     with tempfile.TemporaryDirectory(prefix="airlockd-project-", dir=scratch) as tmp:
         staged = Path(tmp) / "ws"
         progress(f"project image: staging the build context ({src.context}) with secrets absent")
@@ -379,7 +471,16 @@ def _build_project(
                 _add(tar, ".airlockd.Dockerfile", dockerfile.read_bytes())
             fh.seek(0)
             progress(f"project image: building {src.dockerfile} (context {src.context})")
-            _build(client, fh, tag, src.dockerfile + note, args=dict(src.args), target=src.target, progress=progress)
+            _build(
+                client,
+                fh,
+                tag,
+                src.dockerfile + note,
+                args=dict(src.args),
+                target=src.target,
+                progress=progress,
+                network=network,
+            )
 
 
 def _layer_context(base: str, runtime_tag: str, labels: dict[str, str]) -> io.BytesIO:
@@ -421,8 +522,10 @@ def _build(
     args: dict[str, str] | None = None,
     target: str | None = None,
     progress: Progress | None = None,
+    network: str = "none",
 ) -> None:
-    """One engine build of a tar context; EngineError with the build's own last lines on failure."""
+    """One engine build of a tar context, its RUN steps on `network`; EngineError with the
+    build's own last lines on failure."""
     tail: list[str] = []
     try:
         stream = client.api.build(
@@ -436,6 +539,7 @@ def _build(
             forcerm=True,
             pull=False,
             decode=True,
+            network_mode="none" if network == "none" else None,
         )
         for chunk in stream:
             if "error" in chunk:

@@ -31,6 +31,7 @@ import docker
 import pytest
 from pyregistry import Registry, build_wheel, make_ca
 
+from airlockd.errors import PolicyError
 from airlockd.records import RunState
 from airlockd.runs.service import Service
 from airlockd.sandbox.image import image_tag
@@ -257,7 +258,9 @@ DEVCONTAINER_DOCKERFILE = """FROM {runtime}
 ARG FLAVOUR
 USER root
 COPY . /src/
+RUN python3 -c "import socket; socket.create_connection(('{host}', {port}), 3)" && echo yes > /net || echo no > /net
 RUN rm -f /usr/bin/python3 /usr/bin/python3.11 && echo "$FLAVOUR" > /flavour
+VOLUME /cache
 {extra}USER root
 """
 REPORT = r"""
@@ -268,6 +271,8 @@ echo "PYTHON=$(command -v python3 || echo none)"
 echo "FLAVOUR=$(cat /flavour)"
 echo "ENVFILE=$(test -e /src/.env && echo present || echo absent)"
 echo "CALC=$(test -e /src/calc.py && echo present || echo absent)"
+echo "BUILDNET=$(cat /net)"
+touch /cache/x 2>/dev/null && echo VOLUME=writable || echo VOLUME=read-only
 touch /usr/airlock-root-write 2>/dev/null && echo ROOTFS=writable || echo ROOTFS=read-only
 exec 3<>/dev/tcp/127.0.0.1/8181 && printf 'CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: x\r\n\r\n' >&3 \
   && head -c 12 <&3 | sed 's/^/BROKER=/'
@@ -287,7 +292,9 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
     (ws / ".devcontainer").mkdir()
     (ws / ".devcontainer" / "devcontainer.json").write_text(DEVCONTAINER)
     dockerfile = ws / ".devcontainer" / "Dockerfile"
-    dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(runtime=image_tag(), extra=""))
+    listener = Listener(host_address())  # what a build's RUN step must not reach
+    fill = {"runtime": image_tag(), "host": host_address(), "port": listener.port}
+    dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(**fill, extra=""))
     (ws / "report.sh").write_text(REPORT)
     client = docker.from_env()
 
@@ -316,13 +323,42 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
         assert line in out, (line, out)
     assert "ENVFILE=absent" in out and "CALC=present" in out  # the build context was the staged copy
     assert "ROOTFS=read-only" in out
+    assert "BUILDNET=no" in out and listener.hits == 0  # the build's RUN steps had no network
+    assert "VOLUME=read-only" in out  # the image's VOLUME is no writable, uncapped volume
     assert "BROKER=HTTP/1.1 407" in out  # the forwarder runs without the image's Python
     built = client.images.get(first).id
     again, _ = run()
     assert again == first and client.images.get(again).id == built  # cached: nothing rebuilt
-    dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(runtime=image_tag(), extra="ENV CHANGED=1\n"))
+    dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(**fill, extra="ENV CHANGED=1\n"))
     changed, out = run()
     assert changed != first and f"UID={uid}" in out
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(first)  # the workspace's previous image is gone
     client.images.remove(changed, force=True)
+    listener.srv.close()
+
+
+def test_a_base_image_with_onbuild_steps_is_refused(tmp_path: Path) -> None:
+    """ONBUILD steps would run in airlockd's own layer build: a devcontainer image that has them
+    is refused, with why, and the run fails before any container starts."""
+    client = docker.from_env()
+    base = f"airlockd-test-onbuild:{image_tag().rpartition(':')[2]}"
+    dockerfile = f"FROM {image_tag()}\nONBUILD RUN echo ran-in-airlockd-layer > /onbuild\n".encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buf.seek(0)
+    client.images.build(fileobj=buf, custom_context=True, tag=base, rm=True, pull=False)
+    ws = tmp_path / "project"
+    (ws / ".devcontainer").mkdir(parents=True)
+    (ws / ".devcontainer" / "devcontainer.json").write_text(json.dumps({"image": base}))
+    (ws / "policies.toml").write_text('[agents.dev]\ncommand = ["true"]\nimage = "devcontainer"\n')
+    svc = Service(ws)
+    run_id = svc.submit("dev", "x").id
+    with pytest.raises(PolicyError, match="ONBUILD"):  # the run's error, raised to whoever ran it
+        svc.execute(run_id)
+    rec = svc.store.get_run(run_id)
+    assert rec.state is RunState.FAILED and "ONBUILD" in str(rec.error), rec.error
+    assert not [e for e in audit(svc) if kind(e) == "container.starting"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from airlockd.errors import PolicyError
-from airlockd.sandbox.projectimage import inputs_digest, is_project_image, read_source, strip_jsonc
+from airlockd.sandbox.projectimage import image_references, inputs_digest, is_project_image, read_source, strip_jsonc
 
 
 def test_jsonc_comments_and_trailing_commas_are_dropped_but_strings_are_kept() -> None:
@@ -106,8 +106,8 @@ def test_the_digest_follows_the_inputs_and_nothing_else(tmp_path: Path) -> None:
     write(ws, ".dockerignore", "notes/\n")
     write(ws, "notes/todo.txt", "x")
 
-    def digest(runtime: str = "rt:1") -> str:
-        return inputs_digest(ws, read_source(ws, "./Dockerfile"), runtime, None)
+    def digest(runtime: str = "rt:1", scope: str = "s1", network: str = "none") -> str:
+        return inputs_digest(ws, read_source(ws, "./Dockerfile"), runtime, None, scope, network)
 
     first = digest()
     assert digest() == first
@@ -122,3 +122,42 @@ def test_the_digest_follows_the_inputs_and_nothing_else(tmp_path: Path) -> None:
     third = digest()
     assert third != second
     assert digest("rt:2") != third  # a new runtime image: a new layer on top
+    assert digest(scope="s2") != third  # other staging rules or clearance: another context
+    assert digest(network="default") != third
+
+
+def test_the_same_files_elsewhere_are_another_workspace(tmp_path: Path) -> None:
+    for ws in (tmp_path / "a", tmp_path / "b"):
+        write(ws, "Dockerfile", "FROM base\n")
+        os.utime(ws / "Dockerfile", (1, 1))
+    a, b = (
+        inputs_digest(ws, read_source(ws, "./Dockerfile"), "rt", None, "s") for ws in (tmp_path / "a", tmp_path / "b")
+    )
+    assert a != b
+
+
+def test_definition_files_that_are_not_regular_files_are_refused_never_waited_on(tmp_path: Path) -> None:
+    write(tmp_path, "Dockerfile", "FROM base\n")
+    os.mkfifo(tmp_path / ".dockerignore")
+    with pytest.raises(PolicyError, match="not a regular file"):
+        inputs_digest(tmp_path, read_source(tmp_path, "./Dockerfile"), "rt", None, "s")
+    (tmp_path / ".dockerignore").unlink()
+    os.symlink("/dev/zero", tmp_path / ".dockerignore")
+    with pytest.raises(PolicyError, match="cannot be read"):
+        inputs_digest(tmp_path, read_source(tmp_path, "./Dockerfile"), "rt", None, "s")
+    os.mkfifo(tmp_path / "fifo.Dockerfile")
+    with pytest.raises(PolicyError, match="not a regular file"):
+        read_source(tmp_path, "./fifo.Dockerfile")
+    write(tmp_path, "big.Dockerfile", "#" * (2 << 20))
+    with pytest.raises(PolicyError, match="larger than"):
+        read_source(tmp_path, "./big.Dockerfile")
+
+
+def test_the_images_a_dockerfile_would_pull_are_found() -> None:
+    text = (
+        "# syntax comment\nARG BASE=x\nFROM --platform=linux/amd64 python:3.12-slim AS build\n"
+        "RUN make \\\n  all\nFROM build AS test\nFROM ${BASE}\nFROM scratch\n"
+        "COPY --from=build /a /a\nCOPY --from=other/image:1 /b /b\nCOPY --from=0 /c /c\n"
+        "from Lower:Case\n"
+    )
+    assert image_references(text) == ["python:3.12-slim", "other/image:1", "Lower:Case"]

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import docker
 import pytest
 from pyregistry import Registry, build_wheel, make_ca
+from tcpservers import TcpServer
 
 from airlockd.errors import PolicyError
 from airlockd.records import RunState
@@ -80,25 +80,6 @@ def host_address() -> str:
         except OSError:
             addr = "172.17.0.1"
     return addr if not addr.startswith("127.") else "172.17.0.1"
-
-
-class Listener:
-    """A TCP server the agent must not reach: it counts connections."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.srv = socket.create_server((host, 0))
-        self.port = self.srv.getsockname()[1]
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            self.hits += 1
-            c.close()
 
 
 @pytest.fixture
@@ -187,9 +168,9 @@ def test_an_agent_installs_from_a_registry_through_the_broker_tests_and_proposes
     """On the second engine too: there the broker's bytes go through the relay of the engine's
     own connection, as the model's do."""
     reg, ca_pem = registry
-    other, near = Listener(), Listener()
+    other, near = TcpServer(mode="close"), TcpServer(mode="close")
     host = host_address()
-    far = Listener(host)
+    far = TcpServer(host, mode="close")
     try:
         policy = (
             '[agents.fixer]\ncommand = ["bash", "-c", "{prompt}"]\nprompt = "argv"\nimage = "./ci/Dockerfile"\n'
@@ -213,7 +194,7 @@ def test_an_agent_installs_from_a_registry_through_the_broker_tests_and_proposes
         assert any(r.startswith("GET /files/fixlib-1.0") for r in reg.requests), reg.requests
         result = json.loads(next(line[7:] for line in out.splitlines() if line.startswith("RESULT ")))
         assert "403" in result["other"] and "403" in result["localhost"] and "403" in result["host"], result
-        assert other.hits == near.hits == far.hits == 0
+        assert other.accepted == near.accepted == far.accepted == 0
         events = audit(svc)
         opened = [e["data"] for e in events if kind(e) == "broker.opened"]
         assert opened and all(e["port"] == reg.port and e["address"] == "127.0.0.1" for e in opened)
@@ -239,7 +220,7 @@ def test_an_agent_installs_from_a_registry_through_the_broker_tests_and_proposes
         assert egress["hosts"][0]["host"] == f"127.0.0.1:{reg.port}"
     finally:
         for lst in (other, near, far):
-            lst.srv.close()
+            lst.close()
 
 
 DEVCONTAINER = """// the project's development container, as its users describe it
@@ -292,7 +273,7 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
     (ws / ".devcontainer").mkdir()
     (ws / ".devcontainer" / "devcontainer.json").write_text(DEVCONTAINER)
     dockerfile = ws / ".devcontainer" / "Dockerfile"
-    listener = Listener(host_address())  # what a build's RUN step must not reach
+    listener = TcpServer(host_address(), mode="close")  # what a build's RUN step must not reach
     fill = {"runtime": image_tag(), "host": host_address(), "port": listener.port}
     dockerfile.write_text(DEVCONTAINER_DOCKERFILE.format(**fill, extra=""))
     (ws / "report.sh").write_text(REPORT)
@@ -323,7 +304,7 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
         assert line in out, (line, out)
     assert "ENVFILE=absent" in out and "CALC=present" in out  # the build context was the staged copy
     assert "ROOTFS=read-only" in out
-    assert "BUILDNET=no" in out and listener.hits == 0  # the build's RUN steps had no network
+    assert "BUILDNET=no" in out and listener.accepted == 0  # the build's RUN steps had no network
     assert "VOLUME=read-only" in out  # the image's VOLUME is no writable, uncapped volume
     assert "BROKER=HTTP/1.1 407" in out  # the forwarder runs without the image's Python
     built = client.images.get(first).id
@@ -335,7 +316,7 @@ def test_a_devcontainer_image_is_built_cached_rebuilt_and_loosens_nothing(
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(first)  # the workspace's previous image is gone
     client.images.remove(changed, force=True)
-    listener.srv.close()
+    listener.close()
 
 
 def test_a_base_image_with_onbuild_steps_is_refused(tmp_path: Path) -> None:

@@ -16,49 +16,12 @@ from typing import Any
 
 import pytest
 from pyregistry import Registry, make_ca
+from tcpservers import TcpServer
 
 from airlockd.gateway import Gateway, Route, RunTokens
 from airlockd.gateway.broker import proxy_token
 from airlockd.hostallow import parse_entry, reachable, split_target
 from airlockd.policy import Broker, Policy
-
-
-class Echo:
-    """A TCP server on loopback that echoes what it gets, or sends `size` bytes on connect."""
-
-    def __init__(self, size: int = 0) -> None:
-        self.size = size
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._one, args=(c,), daemon=True).start()
-
-    def _one(self, c: socket.socket) -> None:
-        with c:
-            try:
-                if self.size:
-                    block = b"x" * 65536
-                    left = self.size
-                    while left > 0:
-                        c.sendall(block[: min(left, len(block))])
-                        left -= len(block)
-                    return
-                while data := c.recv(65536):
-                    c.sendall(data)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.srv.close()
 
 
 class BrokerRun:
@@ -130,13 +93,13 @@ def gateway() -> Iterator[Gateway]:
 
 
 @pytest.fixture
-def echo() -> Iterator[Echo]:
-    e = Echo()
+def echo() -> Iterator[TcpServer]:
+    e = TcpServer()
     yield e
     e.close()
 
 
-def test_an_allowed_address_tunnels_both_ways_and_is_audited(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_an_allowed_address_tunnels_both_ways_and_is_audited(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"])
     s, status, head = run.connect(f"127.0.0.1:{echo.port}")
     assert status == 200, head
@@ -158,8 +121,8 @@ def test_an_allowed_address_tunnels_both_ways_and_is_audited(gateway: Gateway, t
     assert summary["allowed"] == [f"127.0.0.1:{echo.port}"]
 
 
-def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
-    other = Echo()
+def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
+    other = TcpServer()
     try:
         run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}", "pypi.org"])
         for target in (f"127.0.0.1:{other.port}", f"127.0.0.2:{echo.port}", "example.org:443", "pypi.org:80"):
@@ -178,14 +141,14 @@ def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tm
         other.close()
 
 
-def test_a_name_that_resolves_to_this_machine_is_refused(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_a_name_that_resolves_to_this_machine_is_refused(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"localhost:{echo.port}"])
     _, status, head = run.connect(f"localhost:{echo.port}")
     assert status == 403 and b"not a public address" in head
     assert echo.accepted == 0
 
 
-def test_the_run_token_is_the_proxy_credential(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_the_run_token_is_the_proxy_credential(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"])
     other = gateway.tokens.mint("r2", "builder", 60)
     for token in (None, "alrt_forged", other):
@@ -205,14 +168,14 @@ def test_the_run_token_is_the_proxy_credential(gateway: Gateway, tmp_path: Path,
     assert echo.accepted == 2
 
 
-def test_no_broker_without_an_allow_list(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_no_broker_without_an_allow_list(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path)
     _, status, head = run.connect(f"127.0.0.1:{echo.port}")
     assert status == 403 and b"no package broker" in head
     assert echo.accepted == 0
 
 
-def test_tunnels_at_once_and_in_all_are_capped(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_tunnels_at_once_and_in_all_are_capped(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"], concurrent=2, max_connections=3)
     a, s1, _ = run.connect(f"127.0.0.1:{echo.port}")
     b, s2, _ = run.connect(f"127.0.0.1:{echo.port}")
@@ -230,7 +193,7 @@ def test_tunnels_at_once_and_in_all_are_capped(gateway: Gateway, tmp_path: Path,
 
 
 def test_the_run_bytes_cap_ends_the_tunnel(gateway: Gateway, tmp_path: Path) -> None:
-    big = Echo(size=8 * 1024 * 1024)
+    big = TcpServer(mode="send", size=8 * 1024 * 1024)
     try:
         run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{big.port}"], max_bytes=1024 * 1024)
         s, status, _ = run.connect(f"127.0.0.1:{big.port}")
@@ -247,7 +210,7 @@ def test_the_run_bytes_cap_ends_the_tunnel(gateway: Gateway, tmp_path: Path) -> 
         big.close()
 
 
-def test_an_idle_tunnel_ends(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_an_idle_tunnel_ends(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"], idle_timeout_s=0.3)
     s, status, _ = run.connect(f"127.0.0.1:{echo.port}")
     assert status == 200
@@ -255,7 +218,7 @@ def test_an_idle_tunnel_ends(gateway: Gateway, tmp_path: Path, echo: Echo) -> No
     assert run.wait_event("closed")[0]["ended"] == "idle"
 
 
-def test_closing_the_gate_ends_live_tunnels(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_closing_the_gate_ends_live_tunnels(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"])
     s, status, _ = run.connect(f"127.0.0.1:{echo.port}")
     assert status == 200
@@ -352,7 +315,7 @@ def test_an_agent_table_replaces_what_it_sets() -> None:
     assert policy.broker_for("b").allow == ["pypi.org"]
 
 
-def test_bytes_sent_with_the_connect_count_against_the_cap(gateway: Gateway, tmp_path: Path, echo: Echo) -> None:
+def test_bytes_sent_with_the_connect_count_against_the_cap(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}"], max_bytes=1000)
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
@@ -368,7 +331,7 @@ def test_bytes_sent_with_the_connect_count_against_the_cap(gateway: Gateway, tmp
 
 
 def test_a_tunnel_whose_reader_takes_nothing_ends(gateway: Gateway, tmp_path: Path) -> None:
-    big = Echo(size=64 * 1024 * 1024)
+    big = TcpServer(mode="send", size=64 * 1024 * 1024)
     try:
         run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{big.port}"], idle_timeout_s=0.5, concurrent=1)
         s, status, _ = run.connect(f"127.0.0.1:{big.port}")

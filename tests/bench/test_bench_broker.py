@@ -114,6 +114,12 @@ def _download(way: str, where: str, target: str, token: str, path: str, ca_file:
     return float(out.stdout.strip())
 
 
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _registry(root: Path, ca: TestCA, conn: Connection) -> None:
     """In a process of its own: serve the blob until told to stop."""
     with Registry(root, ca) as reg:
@@ -168,11 +174,14 @@ def test_bench_broker_throughput(tmp_path: Path) -> None:
                 _download(way, where, target, token, blob, ca_file)
             seconds: dict[str, list[float]] = {name: [] for name in ways}
             cpu: dict[str, float] = dict.fromkeys(ways, 0.0)  # this process's: the gateway's loop
+            forwarder_cpu = 0.0
             for _ in range(N):
                 for way, where in ways.items():
-                    c0 = time.process_time()
+                    c0, f0 = time.process_time(), _cpu_of(forward.pid)
                     seconds[way].append(_download(way, where, target, token, blob, ca_file))
                     cpu[way] += time.process_time() - c0
+                    if way == "forwarder + broker":
+                        forwarder_cpu += _cpu_of(forward.pid) - f0
         finally:
             if forward is not None:
                 forward.kill()
@@ -198,6 +207,7 @@ def test_bench_broker_throughput(tmp_path: Path) -> None:
     gib = N * SIZE / (1 << 30)
     relay = ", ".join(f"{name} {cpu[name] / gib:.2f}" for name in ways if name != "direct")
     lines.append(f"  the broker's CPU (its process), s per GiB: {relay} (direct {cpu['direct'] / gib:.2f})")
+    lines.append(f"  the forwarder's CPU, s per GiB: {forwarder_cpu / gib:.2f}")
     lines.append(f"  broker ÷ direct:             {rate['broker'] / rate['direct']:.2f} (p50 of {N})")
     lines.append(f"  forwarder+broker ÷ direct:   {rate['forwarder + broker'] / rate['direct']:.2f} (p50 of {N})")
     print("\n".join(lines))

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from lsprotocol import types
@@ -166,7 +166,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
     spare: Any = None
     try:
         assert proc.stdout is not None
-        async for raw in proc.stdout:
+        async for raw in bounded_lines(proc.stdout, EVENT_LINE_LIMIT, run_id):
             try:
                 ev = RunEvent.of_line(raw)
             except ValidationError:
@@ -202,6 +202,35 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         ls.spawn(status.push_proposal(ls, run_id), name=f"proposal {run_id}")
 
 
+EVENT_LINE_LIMIT = 8 << 20  # a run process's event line longer than this is dropped, said in the log
+
+
+async def bounded_lines(stream: asyncio.StreamReader, limit: int, run_id: str) -> AsyncIterator[bytes]:
+    """The lines of `stream` (without their newline), however long the process made one: a
+    line over `limit` bytes is dropped whole and logged, never read into memory whole, and never
+    ends the reading (asyncio's own line reader raises at its 64 KiB limit, which would leave a
+    waiting client told of a run "done" while it still runs)."""
+    pending = bytearray()
+    skipping = False
+    while chunk := await stream.read(1 << 16):
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            if not skipping:
+                pending += chunk[start:nl]
+                yield bytes(pending)
+            pending.clear()
+            skipping = False
+            start = nl + 1
+        if not skipping:
+            pending += chunk[start:]
+            if len(pending) > limit:
+                log.warning("run %s: a line of its process longer than %d bytes was dropped", run_id, limit)
+                pending.clear()
+                skipping = True
+    if pending and not skipping:
+        yield bytes(pending)
+
+
 async def _spare_after(ls: AirlockServer, run_id: str) -> None:
     try:
         await ls.call(ahead.after, ls.service, run_id)
@@ -213,7 +242,7 @@ async def _drain_stderr(proc: asyncio.subprocess.Process, run_id: str) -> str:
     """The run process's log lines go to this daemon's log; the last one explains a failure."""
     last = ""
     assert proc.stderr is not None
-    async for raw in proc.stderr:
+    async for raw in bounded_lines(proc.stderr, EVENT_LINE_LIMIT, run_id):
         text = raw.decode("utf-8", "replace").rstrip()
         if text:
             log.info("run %s: %s", run_id, text)

@@ -54,6 +54,7 @@ class LiveOutput:
         self._last_send = 0.0
         self._timer: threading.Timer | None = None  # sends lines that wait for no more output
         self._closed = False
+        self._ready: list[tuple[str, int]] = []  # full batches taken while a chunk was cut into lines
 
     def feed(self, chunk: bytes) -> None:
         with self._lock:
@@ -79,8 +80,9 @@ class LiveOutput:
                 self._timer = threading.Timer(INTERVAL_S, self._flush)
                 self._timer.daemon = True
                 self._timer.start()
-        if batch is not None:
-            self._send(*batch)
+            batches, self._ready = [*self._ready, *([batch] if batch else [])], []
+        for b in batches:
+            self._send(*b)
 
     def _flush(self) -> None:
         with self._lock:
@@ -99,8 +101,9 @@ class LiveOutput:
                 self._line(self._partial)
                 self._partial = b""
             batch = self._take() if self._lines or self._dropped else None
-        if batch is not None:
-            self._send(*batch)
+            batches, self._ready = [*self._ready, *([batch] if batch else [])], []
+        for b in batches:
+            self._send(*b)
 
     def _line(self, raw: bytes, *, cut: bool = False) -> None:
         text = self._redact(raw.decode("utf-8", "replace").removesuffix("\r"))
@@ -117,6 +120,8 @@ class LiveOutput:
         self._tokens -= size
         self._lines.append(shown)
         self._pending += size
+        if self._pending >= BATCH_BYTES:  # no batch grows past this, however much one chunk held
+            self._ready.append(self._take())
 
     def _due(self) -> tuple[str, int] | None:
         if not self._lines:

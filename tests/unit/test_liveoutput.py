@@ -96,3 +96,33 @@ def test_lines_waiting_for_no_more_output_are_sent_after_the_interval() -> None:
     t0 = time.monotonic()
     live.close()
     assert time.monotonic() - t0 < 1 and sent == ["first\n", "second\n"]
+
+
+def test_one_chunk_of_many_lines_goes_in_batches_of_bounded_size() -> None:
+    """A single chunk may hold the whole burst (`yes` fills 64 KiB reads): it goes as several
+    batches, none much past BATCH_BYTES, so no event line of the run's process grows with it."""
+    clock = Clock()
+    live, sent = collect(clock)
+    live.feed(b"y\n" * (128 * 1024))  # 256 KiB in one read
+    live.close()
+    assert len(sent) > 8
+    assert max(len(t) for t, _ in sent) <= liveoutput.BATCH_BYTES + liveoutput.LINE_BYTES
+    assert sum(len(t) for t, _ in sent) == liveoutput.BURST
+
+
+def test_the_daemon_reads_a_run_process_lines_of_any_length() -> None:
+    """asyncio's line reader gives up at 64 KiB and would end the reading of a run's events; the
+    daemon's own drops an over-long line whole and goes on."""
+    import asyncio
+
+    from airlockd.lsp.runs import bounded_lines
+
+    async def lines(data: bytes, limit: int) -> list[bytes]:
+        stream = asyncio.StreamReader()
+        stream.feed_data(data)
+        stream.feed_eof()
+        return [line async for line in bounded_lines(stream, limit, "r1")]
+
+    data = b"first\n" + b"x" * 300_000 + b"\nafter\n" + b"y" * 70_000 + b"\nlast"
+    assert asyncio.run(lines(data, 100_000)) == [b"first", b"after", b"y" * 70_000, b"last"]
+    assert asyncio.run(lines(b"a\n\nb\n", 10)) == [b"a", b"", b"b"]

@@ -1,7 +1,7 @@
 """The package broker's allow-list entries: which `host:port` a run may open a tunnel to.
 
-An entry is a host name (`pypi.org`), a name with every name under it (`*.npmjs.org`: one or more
-labels before `npmjs.org`, never `npmjs.org` itself), or an address (`127.0.0.1`, `[::1]`), each
+An entry is a host name (`pkgs.example.org`), a name with every name under it (`*.example.net`: one or more
+labels before `example.net`, never `example.net` itself), or an address (`127.0.0.1`, `[::1]`), each
 with an optional port (443 when none is given). Names are compared in lower case, with one trailing
 dot dropped; Unicode names must be written in their ASCII (`xn--`) form.
 
@@ -74,7 +74,7 @@ def parse_entry(entry: str) -> HostEntry:
     """One policy entry as a HostEntry; ValueError saying what is wrong with it."""
     text = entry.strip()
     if "://" in text or "/" in text or "@" in text:
-        raise ValueError(f"broker entry {entry!r}: give a host and an optional port (pypi.org, registry.local:8443)")
+        raise ValueError(f"broker entry {entry!r}: give a host and an optional port (pkgs.example.org, mirror:8443)")
     if text.startswith("["):  # [v6]:port
         inside, _, rest = text[1:].partition("]")
         address = parse_address(inside)

@@ -124,14 +124,14 @@ def test_an_allowed_address_tunnels_both_ways_and_is_audited(gateway: Gateway, t
 def test_hosts_not_allowed_are_refused_with_what_is_allowed(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
     other = TcpServer()
     try:
-        run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}", "pypi.org"])
-        for target in (f"127.0.0.1:{other.port}", f"127.0.0.2:{echo.port}", "example.org:443", "pypi.org:80"):
+        run = BrokerRun(gateway, tmp_path, allow=[f"127.0.0.1:{echo.port}", "pkgs.example.org"])
+        for target in (f"127.0.0.1:{other.port}", f"127.0.0.2:{echo.port}", "example.org:443", "pkgs.example.org:80"):
             _, status, head = run.connect(target)
             assert status == 403, (target, head)
-            assert b"not in the broker's allow-list" in head and b"pypi.org:443" in head
+            assert b"not in the broker's allow-list" in head and b"pkgs.example.org:443" in head
         assert other.accepted == 0
         refused = run.wait_event("refused", 4)
-        assert {r["host"] for r in refused} == {"127.0.0.1", "127.0.0.2", "example.org", "pypi.org"}
+        assert {r["host"] for r in refused} == {"127.0.0.1", "127.0.0.2", "example.org", "pkgs.example.org"}
         assert all(r["status"] == 403 for r in refused)
         gate = gateway.gate(run.run_id)
         assert gate is not None and gate.tunnels is not None
@@ -249,11 +249,11 @@ def test_a_registry_answers_over_tls_through_a_tunnel(gateway: Gateway, tmp_path
 
 
 def test_plain_http_proxying_is_refused(gateway: Gateway, tmp_path: Path) -> None:
-    run = BrokerRun(gateway, tmp_path, allow=["pypi.org"])
+    run = BrokerRun(gateway, tmp_path, allow=["pkgs.example.org"])
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
     s.connect(str(run.sock))
-    s.sendall(b"GET http://pypi.org/simple/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n")
+    s.sendall(b"GET http://pkgs.example.org/simple/ HTTP/1.1\r\nHost: pkgs.example.org\r\n\r\n")
     assert s.recv(100).startswith(b"HTTP/1.1 400")
 
 
@@ -261,25 +261,26 @@ def test_plain_http_proxying_is_refused(gateway: Gateway, tmp_path: Path) -> Non
 
 
 def test_entries_match_host_and_port_exactly() -> None:
-    assert str(parse_entry("PyPI.org.")) == "pypi.org:443"
-    assert parse_entry("pypi.org").matches("pypi.org", 443)
-    assert not parse_entry("pypi.org").matches("pypi.org", 80)
-    assert not parse_entry("pypi.org").matches("evilpypi.org", 443)
-    wild = parse_entry("*.npmjs.org")
-    assert wild.matches("registry.npmjs.org", 443) and wild.matches("a.b.npmjs.org", 443)
-    assert not wild.matches("npmjs.org", 443) and not wild.matches("xnpmjs.org", 443)
+    assert str(parse_entry("Pkgs.Example.org.")) == "pkgs.example.org:443"
+    assert parse_entry("pkgs.example.org").matches("pkgs.example.org", 443)
+    assert not parse_entry("pkgs.example.org").matches("pkgs.example.org", 80)
+    assert not parse_entry("pkgs.example.org").matches("evilpkgs.example.org", 443)
+    wild = parse_entry("*.example.net")
+    assert wild.matches("npm.example.net", 443) and wild.matches("a.b.example.net", 443)
+    assert not wild.matches("example.net", 443) and not wild.matches("xexample.net", 443)
     v6 = parse_entry("[::1]:8443")
     assert str(v6) == "[::1]:8443" and v6.matches("::1", 8443)
     assert parse_entry("127.0.0.1:8443").matches("127.0.0.1", 8443)
-    for bad in ("https://pypi.org", "pypi.org/simple", "*.org", "a..b", "pypi.org:0", "pypi.org:99999", "u@pypi.org"):
+    bad_entries = ("https://x.org", "x.org/simple", "*.org", "a..b", "x.org:0", "x.org:99999", "u@x.org")
+    for bad in bad_entries:
         with pytest.raises(ValueError):
             parse_entry(bad)
 
 
 def test_targets_are_parsed_strictly() -> None:
-    assert split_target("PyPI.org.:443") == ("pypi.org", 443)
+    assert split_target("Pkgs.Example.org.:443") == ("pkgs.example.org", 443)
     assert split_target("[::1]:443") == ("::1", 443)
-    for bad in ("pypi.org", "pypi.org:", "pypi.org:x", "::1:443", "a b:443", "pypi.org:0443x", "[zz]:1", ":443"):
+    for bad in ("x.example.org", "x.example.org:", "x.org:x", "::1:443", "a b:443", "x.org:0443x", "[zz]:1", ":443"):
         assert split_target(bad) is None, bad
 
 
@@ -307,12 +308,12 @@ def test_proxy_credentials() -> None:
 def test_an_agent_table_replaces_what_it_sets() -> None:
     policy = Policy.model_validate(
         {
-            "broker": {"allow": ["pypi.org"], "max_bytes": 100},
-            "agents": {"a": {"command": ["x"], "broker": {"allow": ["registry.npmjs.org"]}}, "b": {"command": ["y"]}},
+            "broker": {"allow": ["pkgs.example.org"], "max_bytes": 100},
+            "agents": {"a": {"command": ["x"], "broker": {"allow": ["npm.example.net"]}}, "b": {"command": ["y"]}},
         }
     )
-    assert policy.broker_for("a").allow == ["registry.npmjs.org"] and policy.broker_for("a").max_bytes == 100
-    assert policy.broker_for("b").allow == ["pypi.org"]
+    assert policy.broker_for("a").allow == ["npm.example.net"] and policy.broker_for("a").max_bytes == 100
+    assert policy.broker_for("b").allow == ["pkgs.example.org"]
 
 
 def test_bytes_sent_with_the_connect_count_against_the_cap(gateway: Gateway, tmp_path: Path, echo: TcpServer) -> None:
@@ -349,7 +350,7 @@ def test_a_tunnel_whose_reader_takes_nothing_ends(gateway: Gateway, tmp_path: Pa
 def test_a_flood_of_refusals_is_audited_up_to_a_bound_and_counted(gateway: Gateway, tmp_path: Path) -> None:
     from airlockd.gateway.broker import MAX_AUDITED_REFUSALS
 
-    run = BrokerRun(gateway, tmp_path, allow=["pypi.org"])
+    run = BrokerRun(gateway, tmp_path, allow=["pkgs.example.org"])
     for _ in range(MAX_AUDITED_REFUSALS + 30):
         _, status, _ = run.connect("example.org:443")
         assert status == 403

@@ -108,7 +108,7 @@ test("evidence tree: what the package broker let through and refused, escaped; n
   const withBroker: Evidence = {
     ...ev,
     egress: {
-      allowed: ["pypi.org:443", "127.0.0.1:8443"],
+      allowed: ["pkgs.example.org:443", "127.0.0.1:8443"],
       tunnels: 3,
       bytes: 3 * 1024 * 1024,
       hosts: [{ host: "127.0.0.1:8443", bytes: 3 * 1024 * 1024 }],
@@ -121,7 +121,7 @@ test("evidence tree: what the package broker let through and refused, escaped; n
   };
   const broker = find(evidenceTree(withBroker), "package broker");
   assert.equal(broker.description, "3 tunnels · 3.0 MB · 22 refused");
-  assert.equal(find(broker.children ?? [], "allowed").description, "pypi.org:443, 127.0.0.1:8443");
+  assert.equal(find(broker.children ?? [], "allowed").description, "pkgs.example.org:443, 127.0.0.1:8443");
   assert.equal(find(broker.children ?? [], "reached").children?.[0]?.label, "127.0.0.1:8443");
   const refused = find(broker.children ?? [], "refused").children ?? [];
   assert.equal(refused[0]?.label, "evil.example:443");

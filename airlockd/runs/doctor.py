@@ -85,11 +85,11 @@ def run_checks(workspace: Path) -> list[Check]:
 
     def project_images() -> str:
         from airlockd.policy import load_policy
-        from airlockd.sandbox import projectimage
+        from airlockd.sandbox import projectimage, projectsource
         from airlockd.sandbox.image import image_tag
 
         policy = load_policy(workspace).policy
-        asking = {n: a.image for n, a in sorted(policy.agents.items()) if projectimage.is_project_image(a.image)}
+        asking = {n: a.image for n, a in sorted(policy.agents.items()) if projectsource.is_project_image(a.image)}
         if not asking:
             return "no agent builds the project's own image"
         if client is None:

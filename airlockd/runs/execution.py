@@ -121,7 +121,7 @@ def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     root) and the engine can serve the run's overlay; else None. Its holders run the agent's
     image (any image of ours will do without an agent: they need its python3)."""
     from airlockd.sandbox.image import image_tag
-    from airlockd.sandbox.projectimage import is_project_image
+    from airlockd.sandbox.projectsource import is_project_image
 
     project = agent is not None and is_project_image(svc.policy.agent(agent).image)
     # a project's image may have no python3 of its own: the runtime image holds for it

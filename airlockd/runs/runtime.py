@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from airlockd.errors import EngineError
-from airlockd.sandbox import enginepaths, projectimage
+from airlockd.sandbox import enginepaths, projectimage, projectsource
 from airlockd.sandbox.image import agent_cli, ensure_agent_image, ensure_image
 from airlockd.staging import copy
 from airlockd.staging.mirror import policy_digest
@@ -46,7 +46,7 @@ def agent_image(svc: Any, agent: str, progress: Callable[[str], None]) -> str:
     project's own image with airlockd's layer (and the CLI's), built now when its inputs changed
     (sandbox/projectimage.py), from a copy of the workspace staged for this agent."""
     cfg = svc.policy.agent(agent)
-    if not projectimage.is_project_image(cfg.image):
+    if not projectsource.is_project_image(cfg.image):
         return str(svc.image_for(agent))
     client = svc.sandbox.client
     policy, clearance, workspace = svc.policy, svc.policy.clearance_for(agent), svc.workspace

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from airlockd.errors import PolicyError
-from airlockd.sandbox.projectimage import image_references, inputs_digest, is_project_image, read_source, strip_jsonc
+from airlockd.sandbox.projectimage import inputs_digest
+from airlockd.sandbox.projectsource import image_references, is_project_image, read_source, strip_jsonc
 
 
 def test_jsonc_comments_and_trailing_commas_are_dropped_but_strings_are_kept() -> None:

@@ -67,7 +67,7 @@ class Tunnels:
     connected: int = 0  # ... that then reached their host
     active: int = 0
     bytes: int = 0
-    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    upstreams: set[asyncio.Transport] = field(default_factory=set)  # open tunnels' host sides
     reached: dict[str, int] = field(default_factory=dict)  # "host:port" -> bytes both ways
     refused: int = 0
     refusals: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_SHOWN
@@ -365,7 +365,7 @@ async def _carry(
     where = {**where, "address": str(ip)}
     _later(tunnels.on_event, "opened", where)  # at most max_connections of these: bounded
     tunnels.connected += 1
-    tunnels.writers.add(flow.upstream)
+    tunnels.upstreams.add(flow.upstream)
     started = time.monotonic()
     try:
         client.write(conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection Established")) or b"")
@@ -381,7 +381,7 @@ async def _carry(
         flow.watch_idle()
         await flow.done
     finally:
-        tunnels.writers.discard(flow.upstream)
+        tunnels.upstreams.discard(flow.upstream)
         if not flow.done.done():  # cancelled: the gateway is shutting down
             flow.end("gateway closed")
         ended = "bytes spent" if flow.ended == "closed" and tunnels.spent() else flow.ended

@@ -317,8 +317,10 @@ class Gateway:
             gate.server.close()
         if gate.tunnels is not None:
             gate.tunnels.closed = True
-        for w in [*gate.writers, *(gate.tunnels.writers if gate.tunnels else ())]:
+        for w in gate.writers:
             w.close()
+        for t in list(gate.tunnels.upstreams if gate.tunnels else ()):
+            t.abort()  # the run is over: what a tunnel still holds to send goes nowhere
         gate.writers.clear()
 
     def _upstream(self) -> httpx.AsyncClient:

@@ -132,6 +132,8 @@ def evidence(service: Service, run_id: str) -> dict[str, Any]:
             # the engine's record (runc, or runsc: gVisor's kernel between the agent and the host's)
             "runtime": effective.get("runtime") or rec.container.get("runtime") or "runc",
             "network_mode": effective.get("network_mode"),
+            # "none" in the namespace of the run's holder (made ahead, loopback only): sandbox/docker.py
+            **({"network_shared_with": shared} if (shared := effective.get("network_shared_with")) else {}),
             "cap_drop": effective.get("cap_drop"),
             "cap_add": effective.get("cap_add"),
             "privileged": effective.get("privileged"),

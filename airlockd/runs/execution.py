@@ -21,6 +21,7 @@ from airlockd.runs import screening
 from airlockd.runs.containment import RunMonitor
 from airlockd.runs.liveoutput import LiveOutput
 from airlockd.runs.runtime import agent_image
+from airlockd.sandbox import layers
 from airlockd.sandbox.base import ContainerSpec, ExitInfo, OverlayVolume
 from airlockd.staging import capfs, stagers
 from airlockd.staging.base import HeldUpper, StageRequest
@@ -271,6 +272,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         workspace_overlay=overlay_volume(svc, run_dir),
         runtime=svc.policy.runtime_for(rec.agent),
         engine_paths=held is not None and held.remote,
+        network_of=layers.holder_name(rec.id) if held is not None else None,
     )
     svc.lifecycle.transition(
         rec, RunState.RUNNING, container={"image": spec.image, "runtime": spec.runtime, "owner_pid": os.getpid()}

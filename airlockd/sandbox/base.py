@@ -59,6 +59,10 @@ class ContainerSpec:
     runtime: str = "runc"
     # The paths of `stdin_file` and `mounts` are on the engine's host (a remote engine), not here.
     engine_paths: bool = False
+    # A container of the engine's, with no network of its own ("none"), whose network namespace
+    # (loopback only) the agent's joins instead of the engine making one for it: the run's holder
+    # (sandbox/layers.py), made ahead. Still no network; on runc only.
+    network_of: str | None = None
 
 
 #: Runtimes whose containers are processes of the host's kernel, counted by its pids cgroup.

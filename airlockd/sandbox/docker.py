@@ -146,6 +146,12 @@ class DockerSandbox:
                 container = self.client.containers.create(**kwargs)
                 container.reload()
             effective = _effective(container.attrs, self.client)
+            if effective["network_mode"] != "none":  # a joined namespace that has a network
+                raise EngineError(
+                    f"the container of run {spec.run_id} would have the network"
+                    f" {effective['network_mode']!r}, not none: it is not started",
+                    hint=f"the container it joins ({spec.network_of}) is not the run's holder; start the run again",
+                )
             if (asked := self._asked(spec.run_id)) is not None:
                 return _exit(container, None, False, out, asked, started, effective, timed_out=False)
             reader = self._start_reader(container, out, on_output)
@@ -473,6 +479,21 @@ def _mounts(attrs: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"target": m.get("Destination"), "read_only": not m.get("RW", True)} for m in made]
 
 
+def _network(mode: Any, client: Any) -> dict[str, Any]:
+    """The container's network as the engine has it. One that joined another's namespace
+    (`ContainerSpec.network_of`) has that container's network: "none" only when the engine says
+    that one has none, and then `network_shared_with` names it."""
+    if not (isinstance(mode, str) and mode.startswith("container:")) or client is None:
+        return {"network_mode": mode}
+    try:
+        joined = client.api.inspect_container(mode.removeprefix("container:"))
+    except docker.errors.DockerException:
+        return {"network_mode": mode}
+    if (joined.get("HostConfig") or {}).get("NetworkMode") != "none":
+        return {"network_mode": mode}
+    return {"network_mode": "none", "network_shared_with": str(joined.get("Name", "")).lstrip("/")}
+
+
 def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
     """The settings the engine recorded for the container (not what we asked for)."""
     hc = attrs.get("HostConfig", {})
@@ -485,7 +506,7 @@ def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
         "image_id": attrs.get("Image"),
         "user": cfg.get("User"),
         "runtime": runtime,
-        "network_mode": hc.get("NetworkMode"),
+        **_network(hc.get("NetworkMode"), client),
         "read_only_root": hc.get("ReadonlyRootfs"),
         "cap_drop": hc.get("CapDrop"),
         "cap_add": hc.get("CapAdd"),

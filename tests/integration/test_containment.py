@@ -22,6 +22,7 @@ from airlockd.errors import AdmissionRejected
 from airlockd.runs.service import Service
 from airlockd.sandbox.docker import DockerSandbox
 from airlockd.sandbox.dockerargs import gvisor_host_tasks
+from airlockd.staging import stagers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("_image")]
 
@@ -322,6 +323,34 @@ def test_no_namespace_or_keyring_of_the_agents_own(
     assert code == 0 and run["state"] in {"proposed", "applied"}, run
     said = (Service(ws).state.run_dir(run["id"]) / "output.log").read_text().split()
     assert {"vartmp=1", "run=1", "userns=1", "mountns=1", "keyctl=1", "thread=ok"} <= set(said), said
+
+
+#: what of a network the agent's container has: its interfaces, then the TCP/UDP sockets that
+#: listen or are bound in its namespace (the holder's, when it joined the holder's)
+NETWORK_PROBE = "cat /proc/net/dev; echo ==; cat /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null"
+
+
+def test_loopback_only_and_nothing_bound_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str
+) -> None:
+    """No interface but loopback, on every runtime. A run whose capped upper layer the engine
+    holds (not root, or a remote engine) joins its holder's namespace instead of getting a new one
+    (sandbox/dockerargs.py `_network_mode`): the engine then says the holder's mode ("none"),
+    the evidence names the holder, and nothing of the holder's is bound there for the agent."""
+    ws = make_ws(tmp_path, "wall_time_s = 60", runtime=runtime)
+    code, run = run_wait(ws, NETWORK_PROBE, capsys)
+    assert code == 0 and run["state"] in {"proposed", "applied"}, run
+    dev, inet = (Service(ws).state.run_dir(run["id"]) / "output.log").read_text().split("==")
+    interfaces = {line.split(":")[0].strip() for line in dev.splitlines()[2:] if ":" in line}
+    assert interfaces == {"lo"}, dev
+    bound = [line for line in inet.splitlines() if re.match(r"\s*\d+:", line)]
+    assert bound == [], inet
+    effective = run["container"]["effective"]
+    assert effective["network_mode"] == "none", effective
+    if stagers.held_run(Service(ws).state.run_dir(run["id"])) and runtime == "runc":
+        assert effective["network_shared_with"] == f"airlockd-hold-{run['id']}", effective
+    else:
+        assert "network_shared_with" not in effective, effective
 
 
 # -- quarantine and admission -----------------------------------------------------------------

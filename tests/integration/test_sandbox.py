@@ -401,3 +401,25 @@ def test_unreachable_engine_is_an_engine_error(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(EngineError, match="ensure-docker"):
         DockerSandbox(timeout=2).ping()
+
+
+def test_a_namespace_to_join_that_has_a_network_is_refused_before_the_start(
+    sandbox: DockerSandbox, image: str, workspace: Path, client: Any
+) -> None:
+    """`network_of` names the run's holder, which has no network; a container of that name with
+    a network (a look-alike, or the engine's default) is read back from the engine after the
+    creation, and the agent's container is removed without ever starting."""
+    other = client.containers.run(image, ["sleep", "60"], detach=True, name=f"airlockd-test-net-{uuid.uuid4().hex[:8]}")
+    run_id = f"t-{uuid.uuid4().hex[:12]}"
+    try:
+        assert other.attrs["HostConfig"]["NetworkMode"] != "none"  # the first engine's default: its bridge
+        spec = ContainerSpec(
+            run_id=run_id, image=image, argv=["touch", "ran"], workspace=workspace,
+            limits=Limits.model_validate({"wall_time_s": 30}), network_of=other.name,
+        )  # fmt: skip
+        with pytest.raises(EngineError, match="not none: it is not started"):
+            sandbox.run(spec)
+        assert not (workspace / "ran").exists()
+        assert client.containers.list(all=True, filters={"label": f"airlockd.run={run_id}"}) == []
+    finally:
+        other.remove(force=True)

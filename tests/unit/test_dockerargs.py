@@ -48,6 +48,14 @@ def test_the_agents_user_and_no_network(tmp_path: Path) -> None:
     assert "ports" not in kw and "network" not in kw and "extra_hosts" not in kw
 
 
+def test_a_run_with_a_holder_joins_its_namespace_on_runc_only(tmp_path: Path) -> None:
+    """The holder has no network either ("none", made ahead): joining its namespace spares the
+    engine a new one. gVisor keeps a namespace of its own."""
+    assert create_kwargs(spec(tmp_path, network_of="airlockd-hold-r1"))["network_mode"] == "container:airlockd-hold-r1"
+    gvisor = create_kwargs(spec(tmp_path, network_of="airlockd-hold-r1", runtime="runsc"))
+    assert gvisor["network_mode"] == "none"
+
+
 @pytest.mark.parametrize("network", ["bridge", "host", "container:x"])
 def test_any_other_network_is_refused(tmp_path: Path, network: str) -> None:
     with pytest.raises(UsageError, match="network"):
@@ -147,3 +155,30 @@ def test_the_images_volumes_are_covered_empty_and_read_only(tmp_path: Path) -> N
     assert kw["tmpfs"]["/cache"] == kw["tmpfs"]["/var/lib/db/"] == "ro,size=64k,mode=755"
     assert "/workspace" not in kw["tmpfs"] and "relative" not in kw["tmpfs"]
     assert kw["tmpfs"]["/tmp"].startswith("size=")
+
+
+class _Joined:
+    """Answers `inspect_container` for the container another joined, with its network mode."""
+
+    def __init__(self, mode: str | None) -> None:
+        self.api, self.mode = self, mode
+
+    def inspect_container(self, ref: str) -> dict[str, Any]:
+        if self.mode is None:
+            import docker.errors
+
+            raise docker.errors.NotFound(f"No such container: {ref}")
+        return {"Name": f"/{ref}", "HostConfig": {"NetworkMode": self.mode}}
+
+
+def test_a_joined_namespace_is_none_only_when_the_engine_says_the_holders_is() -> None:
+    """The evidence says what the engine recorded: a container in its holder's namespace has no
+    network only when the holder itself has "none"; otherwise the mode stands as it is, and the
+    sandbox refuses to start it (DockerSandbox.run)."""
+    from airlockd.sandbox.docker import _network
+
+    shared = _network("container:airlockd-hold-r1", _Joined("none"))
+    assert shared == {"network_mode": "none", "network_shared_with": "airlockd-hold-r1"}
+    assert _network("container:x", _Joined("bridge")) == {"network_mode": "container:x"}
+    assert _network("container:x", _Joined(None)) == {"network_mode": "container:x"}  # gone
+    assert _network("none", None) == {"network_mode": "none"}

@@ -13,6 +13,7 @@ reaches the broker through airlockd's own forwarder.
 
 from __future__ import annotations
 
+import contextlib
 import ensurepip
 import io
 import json
@@ -80,6 +81,22 @@ def host_address() -> str:
         except OSError:
             addr = "172.17.0.1"
     return addr if not addr.startswith("127.") else "172.17.0.1"
+
+
+@pytest.fixture(autouse=True)
+def _no_project_image_left(engine: str) -> Iterator[None]:
+    """The project images a test built go with it (each test's workspace is new, so nothing else
+    would remove them), with the agent layers on them and the bases under them."""
+    from airlockd.sandbox import enginepaths
+
+    client = enginepaths.connect()
+    mine = {"label": "airlockd.project"}
+    before = {img.id for img in client.images.list(filters=mine)}
+    yield
+    for img in client.images.list(filters=mine):
+        if img.id not in before:
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(img.id, force=True)
 
 
 @pytest.fixture

@@ -75,8 +75,9 @@ def test_a_run_with_ten_changed_files_against_a_bare_run(
 ) -> None:
     """Through the daemon (tests/bench/daemonrun.py), as the CLI and the editor run: it follows the
     workspace's changes onto the engine as they happen, and each run is carried by a process of
-    its own. Besides the bare run, `docker run --rm --network none IMAGE true`: the least any
-    contained run costs there (an agent never gets the engine's default network)."""
+    its own. Besides the bare run, `docker run --rm --network none IMAGE true`: what a container
+    with a namespace of its own and no network costs there (an agent never gets the engine's
+    default network; it joins its holder's, made ahead: docs/engines.md)."""
     import daemonrun
 
     monkeypatch.setenv("DOCKER_HOST", second_engine)

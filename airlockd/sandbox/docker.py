@@ -146,11 +146,12 @@ class DockerSandbox:
                 container = self.client.containers.create(**kwargs)
                 container.reload()
             effective = _effective(container.attrs, self.client)
-            if effective["network_mode"] != "none":  # a joined namespace that has a network
+            if effective["network_mode"] != "none":  # connected to a network, or joins a namespace that is
                 raise EngineError(
                     f"the container of run {spec.run_id} would have the network"
                     f" {effective['network_mode']!r}, not none: it is not started",
-                    hint=f"the container it joins ({spec.network_of}) is not the run's holder; start the run again",
+                    hint="something connected it (or the holder whose namespace it joins) to a network;"
+                    " look at who uses this engine (docker network inspect), then start the run again",
                 )
             if (asked := self._asked(spec.run_id)) is not None:
                 return _exit(container, None, False, out, asked, started, effective, timed_out=False)
@@ -479,19 +480,32 @@ def _mounts(attrs: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"target": m.get("Destination"), "read_only": not m.get("RW", True)} for m in made]
 
 
-def _network(mode: Any, client: Any) -> dict[str, Any]:
-    """The container's network as the engine has it. One that joined another's namespace
-    (`ContainerSpec.network_of`) has that container's network: "none" only when the engine says
-    that one has none, and then `network_shared_with` names it."""
-    if not (isinstance(mode, str) and mode.startswith("container:")) or client is None:
+def _network(attrs: dict[str, Any], client: Any) -> dict[str, Any]:
+    """The container's network as the engine has it: its mode, with any network it was connected
+    to besides (`docker network connect` leaves the mode as it was: "none+bridge" then). One that
+    joined another's namespace (`ContainerSpec.network_of`) has that container's network: "none"
+    only when the engine says that one is running with none and connected to nothing, and then
+    `network_shared_with` names it."""
+    mode = (attrs.get("HostConfig") or {}).get("NetworkMode")
+    if not (isinstance(mode, str) and mode.startswith("container:")):
+        return {"network_mode": _connected(mode, attrs)}
+    if client is None:
         return {"network_mode": mode}
     try:
         joined = client.api.inspect_container(mode.removeprefix("container:"))
     except docker.errors.DockerException:
         return {"network_mode": mode}
-    if (joined.get("HostConfig") or {}).get("NetworkMode") != "none":
-        return {"network_mode": mode}
+    theirs = _connected((joined.get("HostConfig") or {}).get("NetworkMode"), joined)
+    if theirs != "none" or not (joined.get("State") or {}).get("Running"):
+        return {"network_mode": f"{mode} ({theirs})"}
     return {"network_mode": "none", "network_shared_with": str(joined.get("Name", "")).lstrip("/")}
+
+
+def _connected(mode: Any, attrs: dict[str, Any]) -> Any:
+    """`mode`, or "none+NAME,..." for a container of mode none that networks were connected to."""
+    networks = set((attrs.get("NetworkSettings") or {}).get("Networks") or {})
+    extra = sorted(networks - {"none"})
+    return f"{mode}+{','.join(extra)}" if mode == "none" and extra else mode
 
 
 def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
@@ -506,7 +520,7 @@ def _effective(attrs: dict[str, Any], client: Any = None) -> dict[str, Any]:
         "image_id": attrs.get("Image"),
         "user": cfg.get("User"),
         "runtime": runtime,
-        **_network(hc.get("NetworkMode"), client),
+        **_network(attrs, client),
         "read_only_root": hc.get("ReadonlyRootfs"),
         "cap_drop": hc.get("CapDrop"),
         "cap_add": hc.get("CapAdd"),

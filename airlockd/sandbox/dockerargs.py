@@ -75,12 +75,13 @@ def gvisor_host_tasks(pids: int, pid_max: int | None = None) -> int:
     return min(256 + 48 * pids, max(1024, pid_max // 4))
 
 
-def _network_mode(spec: ContainerSpec) -> str:
+def _network_mode(spec: ContainerSpec, engine: str) -> str:
     """The network mode: "none", or the namespace of the container `spec.network_of` (which has
     no network either: the engine checks nothing, DockerSandbox reads the joined container's own
     mode back). A fresh namespace costs the engine half a bare run; one made ahead costs nothing.
-    gVisor keeps its own."""
-    if spec.network_of and spec.runtime in HOST_KERNEL_RUNTIMES:
+    gVisor keeps its own, and so does Podman (it makes the joining container a dependent of the
+    holder, which then cannot be removed while the agent's container exists)."""
+    if spec.network_of and spec.runtime in HOST_KERNEL_RUNTIMES and engine != enginepaths.PODMAN:
         return f"container:{spec.network_of}"
     return "none"
 
@@ -138,7 +139,7 @@ def create_kwargs(
         "environment": dict(spec.env),
         "working_dir": WORKSPACE_PATH,
         "labels": {**spec.labels, OWNER_LABEL: "1", RUN_LABEL: spec.run_id, RUNTIME_LABEL: spec.runtime},
-        "network_mode": _network_mode(spec),
+        "network_mode": _network_mode(spec, engine),
         "read_only": True,
         "tmpfs": {
             **{p: MASKED_VOLUME for p in image_volumes if p.startswith("/") and not _mounted(p, mounts)},

@@ -20,6 +20,7 @@ import pytest
 from airlockd.cli import main
 from airlockd.errors import AdmissionRejected
 from airlockd.runs.service import Service
+from airlockd.sandbox import enginepaths
 from airlockd.sandbox.docker import DockerSandbox
 from airlockd.sandbox.dockerargs import gvisor_host_tasks
 from airlockd.staging import stagers
@@ -325,9 +326,12 @@ def test_no_namespace_or_keyring_of_the_agents_own(
     assert {"vartmp=1", "run=1", "userns=1", "mountns=1", "keyctl=1", "thread=ok"} <= set(said), said
 
 
-#: what of a network the agent's container has: its interfaces, then the TCP/UDP sockets that
-#: listen or are bound in its namespace (the holder's, when it joined the holder's)
-NETWORK_PROBE = "cat /proc/net/dev; echo ==; cat /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null"
+#: what of a network the agent's container has: its interfaces, the TCP/UDP sockets that listen
+#: or are bound in its namespace (the holder's, when it joined the holder's), then its Unix ones
+NETWORK_PROBE = (
+    "cat /proc/net/dev; echo ==; cat /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null;"
+    " echo ==; cat /proc/net/unix 2>/dev/null"
+)
 
 
 def test_loopback_only_and_nothing_bound_there(
@@ -340,14 +344,17 @@ def test_loopback_only_and_nothing_bound_there(
     ws = make_ws(tmp_path, "wall_time_s = 60", runtime=runtime)
     code, run = run_wait(ws, NETWORK_PROBE, capsys)
     assert code == 0 and run["state"] in {"proposed", "applied"}, run
-    dev, inet = (Service(ws).state.run_dir(run["id"]) / "output.log").read_text().split("==")
+    dev, inet, unix = (Service(ws).state.run_dir(run["id"]) / "output.log").read_text().split("==")
     interfaces = {line.split(":")[0].strip() for line in dev.splitlines()[2:] if ":" in line}
     assert interfaces == {"lo"}, dev
     bound = [line for line in inet.splitlines() if re.match(r"\s*\d+:", line)]
     assert bound == [], inet
+    abstract = [line for line in unix.splitlines()[1:] if line.split()[-1:] and line.split()[-1].startswith("@")]
+    assert abstract == [], unix  # a name only the namespace reaches: none of the holder's
     effective = run["container"]["effective"]
     assert effective["network_mode"] == "none", effective
-    if stagers.held_run(Service(ws).state.run_dir(run["id"])) and runtime == "runc":
+    podman = enginepaths.kind(enginepaths.connect()) == enginepaths.PODMAN  # (its own namespace there)
+    if stagers.held_run(Service(ws).state.run_dir(run["id"])) and runtime == "runc" and not podman:
         assert effective["network_shared_with"] == f"airlockd-hold-{run['id']}", effective
     else:
         assert "network_shared_with" not in effective, effective

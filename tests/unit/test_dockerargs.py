@@ -158,27 +158,43 @@ def test_the_images_volumes_are_covered_empty_and_read_only(tmp_path: Path) -> N
 
 
 class _Joined:
-    """Answers `inspect_container` for the container another joined, with its network mode."""
+    """Answers `inspect_container` for the container another joined: its mode, the networks it
+    was connected to, whether it runs."""
 
-    def __init__(self, mode: str | None) -> None:
-        self.api, self.mode = self, mode
+    def __init__(self, mode: str | None, networks: tuple[str, ...] = ("none",), running: bool = True) -> None:
+        self.api, self.mode, self.networks, self.running = self, mode, networks, running
 
     def inspect_container(self, ref: str) -> dict[str, Any]:
         if self.mode is None:
             import docker.errors
 
             raise docker.errors.NotFound(f"No such container: {ref}")
-        return {"Name": f"/{ref}", "HostConfig": {"NetworkMode": self.mode}}
+        return {
+            "Name": f"/{ref}",
+            "HostConfig": {"NetworkMode": self.mode},
+            "NetworkSettings": {"Networks": {n: {} for n in self.networks}},
+            "State": {"Running": self.running},
+        }
+
+
+def _attrs(mode: str, networks: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"HostConfig": {"NetworkMode": mode}, "NetworkSettings": {"Networks": {n: {} for n in networks}}}
 
 
 def test_a_joined_namespace_is_none_only_when_the_engine_says_the_holders_is() -> None:
     """The evidence says what the engine recorded: a container in its holder's namespace has no
-    network only when the holder itself has "none"; otherwise the mode stands as it is, and the
-    sandbox refuses to start it (DockerSandbox.run)."""
+    network only when the holder runs with "none" and was connected to no network since
+    (`docker network connect` leaves its mode "none": an attack review); otherwise the mode
+    stands as it is, and the sandbox refuses to start it (DockerSandbox.run)."""
     from airlockd.sandbox.docker import _network
 
-    shared = _network("container:airlockd-hold-r1", _Joined("none"))
+    shared = _network(_attrs("container:airlockd-hold-r1"), _Joined("none"))
     assert shared == {"network_mode": "none", "network_shared_with": "airlockd-hold-r1"}
-    assert _network("container:x", _Joined("bridge")) == {"network_mode": "container:x"}
-    assert _network("container:x", _Joined(None)) == {"network_mode": "container:x"}  # gone
-    assert _network("none", None) == {"network_mode": "none"}
+    assert _network(_attrs("container:x"), _Joined("bridge"))["network_mode"] == "container:x (bridge)"
+    connected = _network(_attrs("container:x"), _Joined("none", ("none", "bridge")))
+    assert connected == {"network_mode": "container:x (none+bridge)"}
+    assert _network(_attrs("container:x"), _Joined("none", running=False))["network_mode"] == "container:x (none)"
+    assert _network(_attrs("container:x"), _Joined(None)) == {"network_mode": "container:x"}  # gone
+    assert _network(_attrs("none", ("none",)), None) == {"network_mode": "none"}
+    assert _network(_attrs("none"), None) == {"network_mode": "none"}  # (Podman lists none)
+    assert _network(_attrs("none", ("none", "bridge")), None) == {"network_mode": "none+bridge"}

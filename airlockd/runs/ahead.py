@@ -12,12 +12,13 @@ so a daemon that starts makes one before its first run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING
 
 from airlockd.fsutil import atomic_write_bytes
-from airlockd.runs.execution import SPARE, held_upper
+from airlockd.runs.execution import AHEAD, SPARE, held_upper, stdin_ahead
 from airlockd.staging import stagers
 
 if TYPE_CHECKING:
@@ -30,16 +31,24 @@ LAST_CAP = "spare-cap.json"
 
 def reserve(svc: Service, run_id: str) -> bool:
     """In the daemon, before it starts the run's process: set one of its spares aside for the run;
-    whether it had one."""
+    whether it had one. On a remote engine the prompt a `command` agent reads on its standard input
+    is written into it first, through the daemon's service in the spare, which runs already: the
+    run's process would otherwise start one of its own and wait for it (0.05 s of its path)."""
     if svc.keeper is None:
         return False
-    held = held_upper(svc, svc.store.get_run(run_id).agent)
+    rec = svc.store.get_run(run_id)
+    held = held_upper(svc, rec.agent)
     if held is None:
         return False
-    cid = held.reserve_spare(run_id)
+    stdin = stdin_ahead(svc, rec) if held.remote else None  # (an engine here reads the local file)
+    files = {"stdin": stdin} if stdin is not None else {}
+    cid = held.reserve_spare(run_id, files)
     if cid is None:
         return False
-    atomic_write_bytes(svc.state.run_dir(run_id) / SPARE, json.dumps({"id": cid}).encode())
+    run_dir = svc.state.run_dir(run_id)
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    atomic_write_bytes(run_dir / AHEAD, json.dumps(digests).encode())
+    atomic_write_bytes(run_dir / SPARE, json.dumps({"id": cid}).encode())
     return True
 
 

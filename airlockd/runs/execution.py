@@ -4,7 +4,9 @@ sequences these steps; every change of the run's state goes through `svc.lifecyc
 
 from __future__ import annotations
 
+import hashlib
 import json
+import locale
 import logging
 import os
 from collections.abc import Callable
@@ -159,6 +161,7 @@ def used_bytes(svc: Service, rec: RunRecord) -> Callable[[], int | None]:
 
 _PREPARED = "mirror-view.json"
 SPARE = "spare.json"  # the spare holder the daemon set aside for the run (runs/ahead.py)
+AHEAD = "ahead.json"  # the files the daemon wrote into that spare: {name: sha256} (runs/ahead.py)
 
 
 def claimed_spare(svc: Service, run_id: str) -> str | None:
@@ -171,6 +174,29 @@ def claimed_spare(svc: Service, run_id: str) -> str | None:
     path.unlink(missing_ok=True)
     cid = doc.get("id") if isinstance(doc, dict) else None
     return cid if isinstance(cid, str) and cid else None
+
+
+def stdin_ahead(svc: Service, rec: RunRecord) -> bytes | None:
+    """What the run's agent will read on its standard input, for the daemon to write ahead into
+    the spare it sets aside: the prompt of a `command` agent that takes it there, encoded as
+    `agents/command.py` writes it (the run's process compares before it trusts it); else None."""
+    cfg = svc.policy.agents.get(rec.agent)
+    if cfg is None or cfg.prompt == "argv" or agent_wiring.cli_of(cfg) is not None:
+        return None
+    try:
+        return (svc.state.run_dir(rec.id) / "prompt.raw").read_text().encode(locale.getpreferredencoding(False))
+    except (OSError, ValueError):
+        return None
+
+
+def _written_ahead(run_dir: Path, name: str) -> str | None:
+    """The sha256 of the file `name` the daemon wrote into the spare it set aside for the run."""
+    try:
+        doc = json.loads((run_dir / AHEAD).read_bytes())
+    except (OSError, ValueError):
+        return None
+    digest = doc.get(name) if isinstance(doc, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def prepare_view(svc: Service, run_id: str) -> None:
@@ -256,7 +282,10 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     user = f"{uid}:{gid}"
     stdin_file = inv.stdin_file
     if held is not None and held.remote and stdin_file is not None:  # the engine's host cannot see it
-        held.put_file(rec.id, "stdin", stdin_file.read_bytes())  # read-only for all: the agent reads it
+        data = stdin_file.read_bytes()
+        ahead = held.took_claim(rec.id) and _written_ahead(run_dir, "stdin") == hashlib.sha256(data).hexdigest()
+        if not ahead:  # (else the daemon wrote it into the spare it set aside: no service to wait for)
+            held.put_file(rec.id, "stdin", data)  # read-only for all: the agent reads it
         stdin_file = Path(held.where(rec.id, "stdin"))
     spec = ContainerSpec(
         run_id=rec.id,

@@ -51,7 +51,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -190,6 +190,8 @@ def hold(
 
 #: (engine, run id) -> the layers `hold` gave, until `release`: where they are, without asking
 _held_here: dict[tuple[str, str], HeldLayers] = {}
+#: (engine, run id) whose spare set aside by another process (`reserve_spare`) `hold` took here
+_claims_taken: set[tuple[str, str]] = set()
 _held_lock = threading.Lock()
 
 
@@ -336,15 +338,20 @@ def _take_claim(client: Any, run_id: str, cid: str, key: str, labels: dict[str, 
         _drop_spare(client, name, _mount(c, "Name"))
         return None
     threading.Thread(target=holdservice.open_for, args=(client, holder_name(run_id), MOUNT), daemon=True).start()
+    with _held_lock:
+        _claims_taken.add((str(client.api.base_url), run_id))
     return HeldLayers(run_id, PurePosixPath(str(source)))
 
 
-def reserve_spare(client: Any, run_id: str, workspace: str) -> str | None:
+def reserve_spare(client: Any, run_id: str, workspace: str, files: Mapping[str, bytes] | None = None) -> str | None:
     """Set one of this process's spares for `workspace` aside for a run another process carries
     (the daemon's run processes): renamed `claim_name(run_id)`, by its spare's name, so that no
     other run and no `drop_spares` takes it. Its container id (what that process is told to take:
     `hold(claimed=...)`), or None when there is none ready (one being made is not waited for:
-    that run's process makes its own in the same time, while the next spare is made)."""
+    that run's process makes its own in the same time, while the next spare is made). `files`
+    are written into it first, as `put_file` writes them (through this process's service, which
+    is running already: the run's process would have to start its own and wait for it); a spare
+    that cannot take them is removed, not set aside."""
     with _spares.lock:
         try:
             found = client.api.containers(filters={"label": [SPARE_LABEL, f"{WORKSPACE_LABEL}={workspace}"]})
@@ -357,10 +364,14 @@ def reserve_spare(client: Any, run_id: str, workspace: str) -> str | None:
             if name is None or c.get("State") != "running" or mine not in _spares.made:
                 continue
             _spares.made.discard(mine)
-            holdservice.drop(client, name)  # the run's process opens its own
             try:
+                for file, data in (files or {}).items():
+                    what = f"{file} into the spare holder {name} set aside for run {run_id}"
+                    _put_file(client, name, file, data, what)
+                holdservice.drop(client, name)  # the run's process opens its own
                 client.api.rename(name, claim_name(run_id))
-            except docker.errors.DockerException as exc:
+            except (EngineError, docker.errors.DockerException) as exc:
+                holdservice.drop(client, name)
                 log.warning("spare holder %s not set aside (removed): %s", name, exc)
                 _drop_spare(client, name, _mount(c, "Name"))  # no longer ours to give: it would stay
                 continue
@@ -630,7 +641,11 @@ def put_file(client: Any, held: HeldLayers, name: str, data: bytes) -> None:
     """A new file `name` holding `data` on the capped filesystem, root's and read-only for all
     (what the agent reads: its standard input). Through the holder's service when it runs (a
     line on its connection), else as a tar put into the holder."""
-    holder = holder_name(held.run_id)
+    what = f"{name} into the capped filesystem of run {held.run_id}"
+    _put_file(client, holder_name(held.run_id), name, data, what)
+
+
+def _put_file(client: Any, holder: str, name: str, data: bytes, what: str) -> None:
     service = holdservice.get(client, holder, wait=SERVICE_WAIT_S) if len(data) <= WRITE_MAX else None
     if service is not None:
         try:
@@ -643,7 +658,7 @@ def put_file(client: Any, held: HeldLayers, name: str, data: bytes) -> None:
         ti = tarfile.TarInfo(name)
         ti.size, ti.mode, ti.uid, ti.gid = len(data), 0o444, 0, 0
         tf.addfile(ti, io.BytesIO(data))
-    _put_archive(client, holder, buf.getvalue(), f"{name} into the capped filesystem of run {held.run_id}")
+    _put_archive(client, holder, buf.getvalue(), what)
 
 
 def put_tree(client: Any, held: HeldLayers, name: str, src: Path, owner: tuple[int, int] | None = None) -> None:
@@ -817,8 +832,12 @@ class EngineUpper:
         )  # fmt: skip
         return str(held.upper), str(held.work)
 
-    def reserve_spare(self, run_id: str) -> str | None:
-        return reserve_spare(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""))
+    def reserve_spare(self, run_id: str, files: Mapping[str, bytes] | None = None) -> str | None:
+        return reserve_spare(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""), files)
+
+    def took_claim(self, run_id: str) -> bool:
+        with _held_lock:
+            return (str(self.client.api.base_url), run_id) in _claims_taken
 
     def drop_claim(self, run_id: str) -> None:
         drop_claim(self.client, run_id, self.labels.get(WORKSPACE_LABEL, ""))

@@ -7,7 +7,7 @@ lower layer, a per-run upper layer) and the full copy. `stagers.choose()` picks 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -59,9 +59,15 @@ class HeldUpper(Protocol):
         when its cap is the same."""
         ...
 
-    def reserve_spare(self, run_id: str) -> str | None:
+    def reserve_spare(self, run_id: str, files: Mapping[str, bytes] | None = None) -> str | None:
         """Set one of this process's spares aside for a run another process will carry; what to
-        pass that process's `hold` as `claimed`, or None when there is none."""
+        pass that process's `hold` as `claimed`, or None when there is none. `files` are
+        written into it first, as `put_file` would (a spare that cannot take them is not set
+        aside)."""
+        ...
+
+    def took_claim(self, run_id: str) -> bool:
+        """Whether this process's `hold` took the spare set aside for the run (`claimed`)."""
         ...
 
     def drop_claim(self, run_id: str) -> None:

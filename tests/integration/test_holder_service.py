@@ -159,3 +159,39 @@ def test_the_agents_standard_input_is_put_through_the_service_or_as_a_tar(engine
         assert seen("again") == want
     finally:
         layers.release(client, run_id)
+
+
+def test_a_file_written_into_a_spare_set_aside_is_the_runs_and_another_replaces_it(engine: str, tmp_path: Path) -> None:
+    """The daemon writes a run's standard input into the spare it sets aside (`reserve_spare`
+    with files: runs/ahead.py), through its own service; the run's process that takes that spare
+    finds it there, root's and read-only; one it would write otherwise (another prompt) replaces
+    it (the service never writes over a file: a tar does)."""
+    client = docker.from_env()
+    ws = str(tmp_path / "ws")
+    first, run_id = f"hs{os.getpid() % 10000}e0", f"hs{os.getpid() % 10000}e1"
+    holder = layers.holder_name(run_id)
+    me = (os.getuid(), os.getgid())
+    cap = {"image": image_tag(), "size_bytes": 8 << 20, "inodes": 1000, "owner": me, "mode": 0o755}
+
+    def seen(name: str) -> str:
+        prog = f"stat -c '%u %g %a %s' /layers/{name} && sha256sum < /layers/{name}"
+        return b"".join(layers._exec(client, holder, ["sh", "-c", prog])).decode()
+
+    try:
+        layers.hold(client, first, labels={layers.WORKSPACE_LABEL: ws}, spare=True, **cap)  # type: ignore[arg-type]
+        layers.release(client, first)  # the spare is made now
+        layers._spares.settle()
+        cid = layers.reserve_spare(client, run_id, ws, {"stdin": b"the prompt, ahead"})
+        assert cid is not None
+        upper = layers.EngineUpper(client, image_tag(), {layers.WORKSPACE_LABEL: ws})
+        assert not upper.took_claim(run_id)
+        upper.hold(run_id, 8 << 20, 1000, me, 0o755, claimed=cid)
+        assert upper.took_claim(run_id)
+        assert client.api.inspect_container(holder)["Id"] == cid
+        assert seen("stdin") == f"0 0 444 17\n{hashlib.sha256(b'the prompt, ahead').hexdigest()}  -\n"
+        upper.put_file(run_id, "stdin", b"another")
+        assert seen("stdin") == f"0 0 444 7\n{hashlib.sha256(b'another').hexdigest()}  -\n"
+    finally:
+        for r in (first, run_id):
+            layers.release(client, r)
+        layers.drop_spares(client, ws)

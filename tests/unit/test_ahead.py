@@ -6,6 +6,7 @@ keeper or an engine-held upper layer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,11 +19,13 @@ from airlockd.staging import stagers
 
 
 class _Held:
-    def __init__(self, spare: str | None = "c0ffee") -> None:
-        self.spare, self.calls = spare, []
+    def __init__(self, spare: str | None = "c0ffee", remote: bool = False) -> None:
+        self.spare, self.calls, self.remote = spare, [], remote
+        self.files: dict[str, bytes] = {}
 
-    def reserve_spare(self, run_id: str) -> str | None:
+    def reserve_spare(self, run_id: str, files: dict[str, bytes] | None = None) -> str | None:
         self.calls.append(("reserve", run_id))
+        self.files = dict(files or {})
         return self.spare
 
     def drop_claim(self, run_id: str) -> None:
@@ -32,14 +35,14 @@ class _Held:
         self.calls.append(("make", (size, inodes, owner, mode)))
 
 
-def _svc(tmp_path: Path, keeper: bool = True, agents: tuple[str, ...] = ("bot",)) -> Any:
+def _svc(tmp_path: Path, keeper: bool = True, agents: tuple[str, ...] = ("bot",), cfg: Any = None) -> Any:
     root = tmp_path / "state"
     (root / "runs" / "r1").mkdir(parents=True)
     return SimpleNamespace(
         keeper=object() if keeper else None,
         state=SimpleNamespace(root=root, run_dir=lambda run_id: root / "runs" / run_id),
         store=SimpleNamespace(get_run=lambda run_id: SimpleNamespace(id=run_id, agent="bot")),
-        policy=SimpleNamespace(agents={a: None for a in agents}),
+        policy=SimpleNamespace(agents={a: cfg for a in agents}),
     )
 
 
@@ -98,3 +101,29 @@ def test_the_next_spare_has_the_cap_the_run_had_and_a_daemon_that_starts_makes_o
     (svc.state.root / ahead.LAST_CAP).write_text("{not json")
     ahead.at_start(fresh)  # a damaged record: nothing made, nothing raised
     assert again.calls == []
+
+
+def test_on_a_remote_engine_the_prompt_on_standard_input_goes_into_the_spare_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's service runs in its spare already: it writes what a `command` agent will read
+    on its standard input, and tells the run's process the digest (which compares it with what
+    it would write before it trusts it). Not for an engine that reads the local file, an agent
+    that takes the prompt in its argv, nor an agent CLI."""
+    from airlockd.policy import AgentConfig
+
+    prompt = "fix the bug — in ünïcode\n"
+    for cfg, remote, wanted in [
+        (AgentConfig.model_validate({"command": ["cat"]}), True, prompt.encode()),
+        (AgentConfig.model_validate({"command": ["cat"]}), False, None),
+        (AgentConfig.model_validate({"command": ["echo", "{prompt}"], "prompt": "argv"}), True, None),
+        (AgentConfig.model_validate({"adapter": "codex"}), True, None),
+    ]:
+        svc, held = _svc(tmp_path / f"{remote}-{cfg.prompt}-{cfg.adapter}", cfg=cfg), _Held(remote=remote)
+        monkeypatch.setattr(ahead, "held_upper", lambda svc, agent=None, h=held: h)
+        (svc.state.run_dir("r1") / "prompt.raw").write_text(prompt)
+        assert ahead.reserve(svc, "r1") is True
+        assert held.files == ({"stdin": wanted} if wanted is not None else {})
+        digests = json.loads((svc.state.run_dir("r1") / execution.AHEAD).read_text())
+        assert digests == ({"stdin": hashlib.sha256(wanted).hexdigest()} if wanted is not None else {})
+        assert execution._written_ahead(svc.state.run_dir("r1"), "stdin") == digests.get("stdin")

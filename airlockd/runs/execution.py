@@ -375,7 +375,6 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
         raise EngineError(f"the container of run {rec.id} is gone; what it did before is not known")
     info = found
     svc._monitors[rec.id] = monitor
-    record_usage(svc, rec, monitor)
     tail = svc.redactor.text(info.output_tail[-OUTPUT_TAIL_BYTES:].decode("utf-8", "replace"))
     (run_dir / "output.log").write_text(tail)
     container = {
@@ -392,7 +391,7 @@ def watch(svc: Service, rec: RunRecord, start: Callable[[Callable[[bytes], None]
     def record(r: RunRecord) -> None:
         r.container, r.output_bytes = container, info.output_bytes
 
-    svc.store.update_run(rec.id, record)
+    record_usage(svc, rec, monitor, record)
     # what the engine says the container really ran with: network, capabilities, limits
     svc.audit.append("container.effective", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **info.effective)
     svc.audit.append("container.exited", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **container)
@@ -428,14 +427,18 @@ def _publisher(svc: Service, run: RunRecord) -> Callable[[dict[str, Any]], None]
     return publish
 
 
-def record_usage(svc: Service, rec: RunRecord, monitor: RunMonitor) -> None:
-    """Final figures of a run, and its tokens counted against the agent's budget."""
+def record_usage(
+    svc: Service, rec: RunRecord, monitor: RunMonitor, also: Callable[[RunRecord], None] = lambda r: None
+) -> None:
+    """Final figures of a run (with `also`, in the same write), and its tokens counted against
+    the agent's budget."""
 
     def keep(r: RunRecord) -> None:
         r.peak = dict(monitor.peak)
         r.tokens = monitor.tokens
         r.tokens_source = "gateway" if monitor.tokens_from == "gateway" else "agent adapter report"
         r.growth_bytes = monitor.growth_bytes
+        also(r)
 
     svc.store.update_run(rec.id, keep)
     if monitor.tokens:

@@ -244,7 +244,8 @@ class RunLifecycle:
                             else FileState.REJECTED
                         )
 
-        rec = self.store.update_run(rec.id, drop_dirs)
+        if any(f.kind == Kind.DIR.value for f in rec.pending):  # (else a write that changes nothing)
+            rec = self.store.update_run(rec.id, drop_dirs)
         if rec.pending or any(f.state is FileState.CONFLICTED for f in rec.files):
             return rec
         landed = any(f.state is FileState.ACCEPTED for f in rec.files) or not rec.files

@@ -143,8 +143,7 @@ class DockerSandbox:
                 with _engine(f"creating the overlay volume for run {spec.run_id}"):
                     volumes.create(self.client, spec.run_id, spec.workspace_overlay)
             with _engine(f"creating the container for run {spec.run_id}"):
-                container = self.client.containers.create(**kwargs)
-                container.reload()
+                container = self.client.containers.create(**kwargs)  # (read back by the SDK: its attrs)
             effective = _effective(container.attrs, self.client)
             if effective["network_mode"] != "none":  # connected to a network, or joins a namespace that is
                 raise EngineError(

@@ -730,6 +730,7 @@ def release(client: Any, run_id: str, claim: bool = True) -> None:
     what the engine refuses."""
     with _held_lock:
         _held_here.pop((str(client.api.base_url), run_id), None)
+        _claims_taken.discard((str(client.api.base_url), run_id))
     if claim:
         drop_claim(client, run_id)
     vol = volume_name(run_id)

@@ -168,7 +168,7 @@ def test_a_file_written_into_a_spare_set_aside_is_the_runs_and_another_replaces_
     it (the service never writes over a file: a tar does)."""
     client = docker.from_env()
     ws = str(tmp_path / "ws")
-    first, run_id = f"hs{os.getpid() % 10000}e0", f"hs{os.getpid() % 10000}e1"
+    first, run_id = (f"hs{os.getpid() % 10000}e{engine[0]}{i}" for i in range(2))  # (one process: every engine)
     holder = layers.holder_name(run_id)
     me = (os.getuid(), os.getgid())
     cap = {"image": image_tag(), "size_bytes": 8 << 20, "inodes": 1000, "owner": me, "mode": 0o755}

@@ -281,6 +281,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
     uid, gid = AGENT_UID if os.getuid() == 0 else (os.getuid(), os.getgid())
     user = f"{uid}:{gid}"
     stdin_file = inv.stdin_file
+    ahead = False  # the prompt on its standard input written by the daemon into the spare it set aside
     if held is not None and held.remote and stdin_file is not None:  # the engine's host cannot see it
         data = stdin_file.read_bytes()
         ahead = held.took_claim(rec.id) and _written_ahead(run_dir, "stdin") == hashlib.sha256(data).hexdigest()
@@ -318,6 +319,7 @@ def contain(svc: Service, rec: RunRecord, prompt: str, progress: Progress) -> Ex
         network=spec.network,
         user=spec.user,
         limits=spec.limits.model_dump(),
+        **({"stdin": "written ahead into the spare holder"} if ahead else {}),
     )
     asked = svc.store.get_run(rec.id).stop_kind  # a stop from another process while this one staged
     if asked == "kill":

@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from airlockd.runs.service import Service
 from airlockd.sandbox.enginemirror import EngineMirror
 from airlockd.sandbox.enginepaths import sees_local_paths
 from airlockd.sandbox.image import image_tag
@@ -156,3 +157,59 @@ def test_a_prompt_on_standard_input_reaches_an_agent_on_the_remote_engine(
     assert {f.path for f in rec.files} == {"got.txt"}
     got = next(svc.state.run_dir(rec.id).glob("staging/upper/got.txt")).read_text()
     assert got == "the prompt, on stdin1000\n"
+
+
+def test_through_the_daemon_the_prompt_on_standard_input_is_written_ahead_into_the_spare(
+    second_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the CLI and the editor have it: the daemon sets a spare holder aside for the run and
+    writes the prompt into it (runs/ahead.py) before the run's process starts; that process finds
+    it there (the audit says so) and the agent reads every byte of it from its standard input."""
+    import time
+
+    from airlockd.lsp.client import start_background
+    from airlockd.sandbox import layers
+    from airlockd.state import StateDir
+    from airlockd.store import Store
+
+    monkeypatch.setenv("DOCKER_HOST", second_engine)
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "README.md").write_text("# project\n")
+    (ws / "policies.toml").write_text('[agents.bot]\ncommand = ["sh", "-c", "cat > got.txt"]\n')
+    state = StateDir.for_workspace(ws).ensure()
+    daemon = start_background(ws, state.root)
+    daemon.subscribe("airlock/runDone")
+    client = docker.DockerClient(base_url=second_engine)
+
+    def run(prompt: str) -> str:
+        run_id = str(daemon.command("airlock.runTask", {"agent": "bot", "prompt": prompt})["runId"])
+        daemon.wait_for(lambda n: n["method"] == "airlock/runDone" and n["params"]["runId"] == run_id, timeout=120)
+        return run_id
+
+    try:
+        run("the first run: the daemon has no spare yet")
+        deadline = time.monotonic() + 60  # the next run's spare, made once the first let go of its holder
+        spare = {"label": [layers.SPARE_LABEL, f"{layers.WORKSPACE_LABEL}={ws}"], "name": layers.SPARE_PREFIX}
+        while not client.containers.list(filters=spare) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.containers.list(filters=spare), "no spare was made for the next run"
+        prompt = "the second run's prompt: écrit d'avance\n$HOME `x`\n"
+        second = run(prompt)
+        rec = Store(state).get_run(second)
+        assert rec.state.value in ("proposed", "applied"), rec.error
+        started = [e for e in Service(ws).audit.events(second) if e["kind"] == "container.starting"]
+        assert started and started[0]["data"].get("stdin") == "written ahead into the spare holder", started
+        got = next(state.run_dir(second).glob("staging/upper/got.txt"), None)
+        changed = {f.path: f for f in rec.files}
+        assert "got.txt" in changed, changed
+        if got is not None:
+            assert got.read_text() == prompt
+        else:  # applied (auto): it is in the workspace
+            assert (ws / "got.txt").read_text() == prompt
+    finally:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            daemon.request("airlock/handover")
+        daemon.close()

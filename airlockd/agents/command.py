@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import locale
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,11 +20,18 @@ class Invocation:
     mounts: list[tuple[Path, str, bool]] = field(default_factory=list)
 
 
+def stdin_bytes(agent: AgentConfig, prompt: str) -> bytes | None:
+    """What the agent reads on its standard input (the prompt, as its prompt file holds it); None
+    when it takes the prompt in its argv."""
+    return None if agent.prompt == "argv" else prompt.encode(locale.getpreferredencoding(False))
+
+
 def invocation(agent: AgentConfig, prompt: str, run_dir: Path) -> Invocation:
     """The argv and stdin for one run; the prompt file is private to the run (0600)."""
-    if agent.prompt == "argv":
+    data = stdin_bytes(agent, prompt)
+    if data is None:
         return Invocation([a.replace(PLACEHOLDER, prompt) for a in agent.command], None, dict(agent.env))
     prompt_file = run_dir / "prompt"
-    prompt_file.write_text(prompt)
+    prompt_file.write_bytes(data)
     prompt_file.chmod(0o644)  # read by the container's non-root user, mounted read-only
     return Invocation(list(agent.command), prompt_file, dict(agent.env))

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import locale
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airlockd.agents import command
 from airlockd.agents import wiring as agent_wiring
 from airlockd.errors import EngineError
 from airlockd.evidence.document import live_tree
@@ -178,13 +178,13 @@ def claimed_spare(svc: Service, run_id: str) -> str | None:
 
 def stdin_ahead(svc: Service, rec: RunRecord) -> bytes | None:
     """What the run's agent will read on its standard input, for the daemon to write ahead into
-    the spare it sets aside: the prompt of a `command` agent that takes it there, encoded as
-    `agents/command.py` writes it (the run's process compares before it trusts it); else None."""
+    the spare it sets aside: a `command` agent's (`agents/command.py`; the run's process compares
+    before it trusts it); else None."""
     cfg = svc.policy.agents.get(rec.agent)
-    if cfg is None or cfg.prompt == "argv" or agent_wiring.cli_of(cfg) is not None:
+    if cfg is None or agent_wiring.cli_of(cfg) is not None:
         return None
     try:
-        return (svc.state.run_dir(rec.id) / "prompt.raw").read_text().encode(locale.getpreferredencoding(False))
+        return command.stdin_bytes(cfg, (svc.state.run_dir(rec.id) / "prompt.raw").read_text())
     except (OSError, ValueError):
         return None
 

@@ -197,8 +197,9 @@ class RunProgress(Wire):
 
 
 class RunDone(Wire):
-    """`airlock/runDone`: the process carrying a run has ended; `state` is the run's then (null
-    when it could not be read)."""
+    """`airlock/runDone`: the process carrying a run has said its last word: `state` is the run's
+    then (null when it could not be read). What that process lets go of on the engine (the holder
+    of the run's upper layer) may still be going."""
 
     runId: str
     state: RunState | None

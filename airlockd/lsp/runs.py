@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 BAD_ENDINGS = {RunState.FAILED, RunState.LIMIT_EXCEEDED, RunState.KILLED, RunState.STOPPED}
 _PERCENT = {"staging": 10, "running": 40, "inspecting": 80}
 PROGRESS = "airlock/progress"  # control clients only: {runId, stage, message}
-RUN_DONE = "airlock/runDone"  # control clients only: {runId, state}, once the run's process ended
+RUN_DONE = "airlock/runDone"  # control clients only: {runId, state}, once the run's process said all
 
 
 def outcome(rec: RunRecord) -> tuple[types.MessageType, str] | None:

@@ -15,9 +15,11 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from airlockd.errors import EXIT_LIMIT, EXIT_USAGE, AirlockError
 from airlockd.protocol import ProgressEvent, RunEvent
@@ -73,10 +75,27 @@ def carry(
         svc.resume(run_id, progress) if resume else svc.execute(run_id, progress)
     finally:
         heard[0] = False
-        with contextlib.suppress(OSError, ValueError):
-            out.close()  # said all: the daemon tells its clients now, while the holder is let go of
+        _said_all(out)  # the daemon tells its clients now, while the holder is let go of
         svc.close()
     return None
+
+
+def _said_all(out: TextIO) -> None:
+    """End the event stream: the pipe's write end is let go of here, not only the Python file
+    (the standard streams never close their descriptor), so the daemon reads its end now rather
+    than when this process exits. Descriptor 1 then points at /dev/null, so nothing written there
+    later, by this process or a child, reaches the pipe or a file opened meanwhile."""
+    with contextlib.suppress(OSError, ValueError):
+        out.flush()
+    with contextlib.suppress(OSError, ValueError):
+        fd = out.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    with contextlib.suppress(OSError, ValueError):
+        out.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

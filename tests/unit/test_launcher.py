@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,28 @@ def test_a_dead_launcher_is_reported_not_waited_for(ws: Path) -> None:
         await launcher.stop()
 
     asyncio.run(main())
+
+
+def test_a_run_process_that_said_all_lets_its_reader_go_on_before_it_ends() -> None:
+    """The daemon tells its clients a run is done when the run's event stream ends: that is when
+    the process has said all (its holder is let go of after), not when it exits. The standard
+    streams never close their descriptor, so closing `sys.stdout` alone would not end the
+    stream; a child started after (which inherits descriptor 1) does not hold it open either."""
+    prog = (
+        "import os, subprocess, sys, time\n"
+        "from airlockd.runs.carrier import _said_all\n"
+        "print('last word', flush=True)\n"
+        "_said_all(sys.stdout)\n"
+        "os.write(1, b'never read')\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        out = proc.stdout.read() if proc.stdout is not None else b""  # to the stream's end
+        assert out == b"last word\n" and time.monotonic() - t0 < 20
+        assert proc.poll() is None  # still there, letting go of what it holds
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # and its child
+        proc.wait()

@@ -516,8 +516,9 @@ export interface RunProgress {
   message: string;
 }
 /**
- * `airlock/runDone`: the process carrying a run has ended; `state` is the run's then (null
- * when it could not be read).
+ * `airlock/runDone`: the process carrying a run has said its last word: `state` is the run's
+ * then (null when it could not be read). What that process lets go of on the engine (the holder
+ * of the run's upper layer) may still be going.
  */
 export interface RunDone {
   runId: string;

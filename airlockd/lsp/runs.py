@@ -140,14 +140,6 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
     progress = RunProgress(ls, run_id)
     await progress.begin()
     svc = ls.service
-    try:  # the daemon's keeper refreshes the mirror in proportion to what changed
-        await ls.call(execution.prepare_view, svc, run_id)
-    except Exception:  # the run's own process refreshes it then, and records what fails
-        log.exception("run %s: the mirror could not be prepared; the run walks the workspace", run_id)
-    try:  # a holder of its capped upper layer, made ahead (none: the run's process makes one)
-        await ls.call(ahead.reserve, svc, run_id)
-    except Exception:
-        log.exception("run %s: no spare holder set aside", run_id)
     argv = launcher.argv_for(svc.workspace, run_id)
     proc: Any = await ls.launcher.spawn(argv) if ls.launcher is not None else None  # forked: no start-up
     if proc is None:
@@ -159,8 +151,9 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
         )
     ls.run_processes[run_id] = proc
     assert proc.stdin is not None  # what this daemon has learned to mask, in memory only
-    proc.stdin.write(json.dumps(svc.redactor.export()).encode())
-    proc.stdin.close()
+    proc.stdin.write(_known(svc))
+    # the process makes itself ready and claims the run meanwhile; the end of its stdin lets it stage
+    gate = ls.spawn(_prepare(ls, run_id, proc.stdin), name=f"prepare {run_id}")
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     last: RunState | None = None  # the state the run process last announced
     spare: Any = None
@@ -185,6 +178,8 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
             done(last)
         code = await proc.wait()
     finally:
+        if not gate.done():  # (the process ended before its stdin did: nothing waits for it)
+            await asyncio.wait([gate])
         ls.run_processes.pop(run_id, None)
         if spare is None:
             ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
@@ -229,6 +224,38 @@ async def bounded_lines(stream: asyncio.StreamReader, limit: int, run_id: str) -
                 skipping = True
     if pending and not skipping:
         yield bytes(pending)
+
+
+def _known(svc: Any) -> bytes:
+    """One line of what this daemon has learned to mask, for a run's process (runs/carrier.py)."""
+    return json.dumps(svc.redactor.export()).encode() + b"\n"
+
+
+async def _prepare(ls: AirlockServer, run_id: str, stdin: asyncio.StreamWriter) -> None:
+    """What the run's staging uses, made ready while its process starts, each beside the other:
+    the mirror brought up to date and a spare holder set aside; then its stdin ends (with what
+    was learned meanwhile), the process's word to stage. What fails here the run's process does
+    itself."""
+    svc = ls.service
+
+    async def view() -> None:
+        try:  # the daemon's keeper refreshes the mirror in proportion to what changed
+            await ls.call(execution.prepare_view, svc, run_id)
+        except Exception:  # the run's own process refreshes it then, and records what fails
+            log.exception("run %s: the mirror could not be prepared; the run walks the workspace", run_id)
+
+    async def spare() -> None:
+        try:  # a holder of its capped upper layer, made ahead (none: the run's process makes one)
+            await ls.call(ahead.reserve, svc, run_id)
+        except Exception:
+            log.exception("run %s: no spare holder set aside", run_id)
+
+    try:
+        await asyncio.gather(view(), spare())
+        with contextlib.suppress(OSError, RuntimeError):  # (a process that already ended)
+            stdin.write(_known(svc))
+    finally:
+        stdin.close()
 
 
 async def _spare_after(ls: AirlockServer, run_id: str) -> None:

@@ -2,7 +2,7 @@
 engine's capped upper layers made ahead (sandbox/layers.py, "Spares").
 
 A spare is made by the daemon, which lives across runs, with the cap the last run's holder had;
-before it starts a run's process, the daemon sets one aside for that run (renamed after it, so no
+while a run's process starts, the daemon sets one aside for that run (renamed after it, so no
 other run and no sweep of spares takes it) and tells the run's process its id in the run's
 folder; that process takes it when the cap is the one it needs (a rename: 0.01 s, where making a
 holder costs 0.2–0.4 s), or removes it and makes its own. When the run's process has ended (its
@@ -30,7 +30,7 @@ LAST_CAP = "spare-cap.json"
 
 
 def reserve(svc: Service, run_id: str) -> bool:
-    """In the daemon, before it starts the run's process: set one of its spares aside for the run;
+    """In the daemon, while the run's process starts (before it stages): set one of its spares aside for the run;
     whether it had one. On a remote engine the prompt a `command` agent reads on its standard input
     is written into it first, through the daemon's service in the spare, which runs already: the
     run's process would otherwise start one of its own and wait for it (0.05 s of its path)."""

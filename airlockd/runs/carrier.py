@@ -41,17 +41,28 @@ def carry(
 ) -> RunRecord | None:
     """Carry (or, with `resume`, re-attach to) one run until it is proposed or ends; the final
     record, or None with `events` (then the events are the report). `values_on_stdin`: the
-    withheld values the starting daemon has learned, as JSON on stdin (Redactor.export), stand in for a walk
-    of the workspace."""
+    withheld values the starting daemon has learned, as JSON lines on stdin (Redactor.export),
+    stand in for a walk of the workspace, and the end of stdin is its word to stage."""
     if values_on_stdin:
-        known = json.loads(sys.stdin.read() or "[]")
-        # started by a daemon, which recovered at its start and reconciles dead runs as it goes
-        svc = Service(workspace, actor="cli", known_values=known if isinstance(known, dict | list) else [])
+        # started by a daemon, which recovered at its start and reconciles dead runs as it goes.
+        # Its first line: what it has learned to mask; the end of stdin: its word that the run's
+        # view and spare holder are ready (with what it learned meanwhile), so this process makes
+        # itself ready and claims the run while the daemon prepares them (`ready`). Nothing at all:
+        # the daemon is gone before it said anything, and this process learns the values itself.
+        svc = Service(workspace, actor="cli", known_values=_known(sys.stdin.readline()))
     else:
         svc = Service(workspace, actor="cli").recover()
+
+    def ready() -> None:
+        if values_on_stdin:
+            for line in sys.stdin:
+                svc.redactor.restore(_known(line) or [])
+
+    if resume:
+        ready()  # nothing is prepared for a run re-attached to: all the daemon knows, first
     if not events:
         try:
-            return svc.resume(run_id) if resume else svc.execute(run_id)
+            return svc.resume(run_id) if resume else svc.execute(run_id, ready=ready)
         finally:
             svc.close()
     out = sys.stdout
@@ -72,12 +83,20 @@ def carry(
 
     svc.subscribe(lambda event, payload: send(RunEvent.of_service(event, payload)))
     try:
-        svc.resume(run_id, progress) if resume else svc.execute(run_id, progress)
+        svc.resume(run_id, progress) if resume else svc.execute(run_id, progress, ready=ready)
     finally:
         heard[0] = False
         _said_all(out)  # the daemon tells its clients now, while the holder is let go of
         svc.close()
     return None
+
+
+def _known(line: str) -> dict[str, list[str]] | list[str] | None:
+    """One line of what the daemon has learned to mask (`Redactor.export`); None for none."""
+    if not line.strip():
+        return None
+    known = json.loads(line)
+    return known if isinstance(known, dict | list) else []
 
 
 def _said_all(out: TextIO) -> None:

@@ -45,7 +45,7 @@ def mirror_owner() -> tuple[int, int] | None:
 
 
 def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
-    rec = svc.lifecycle.transition(rec, RunState.STAGING)
+    """Stage the run (which `Service.execute` moved to staging as it claimed it)."""
     progress("staging", "copying the workspace without withheld files")
     run_dir = svc.state.run_dir(rec.id)
     held = held_upper(svc, rec.agent)
@@ -93,7 +93,6 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     result = staged.result
     tree = staged.live_tree or live_tree(svc.workspace, [w.path for w in result.withheld])
     withheld = [{"path": w.path, "rule": w.rule} for w in result.withheld]
-    svc.store.update_run(rec.id, lambda r: setattr(r, "live_tree", {"before": tree}))
     withheld = svc.redactor.value(withheld)
     for w in withheld:
         svc.audit.append("stage.withheld", run=rec.id, agent=rec.agent, policy=rec.policy_revision, **w)
@@ -112,6 +111,7 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     )
 
     def record(r: RunRecord) -> None:
+        r.live_tree = {"before": tree}
         r.withheld, r.staged_bytes, r.growth_capped = withheld, staged.staged_bytes, capped
         r.staged_entries = staged.staged_entries
         r.stager = stager.name
@@ -200,7 +200,7 @@ def _written_ahead(run_dir: Path, name: str) -> str | None:
 
 
 def prepare_view(svc: Service, run_id: str) -> None:
-    """In the daemon, before it starts the process that carries an admitted run: refresh the
+    """In the daemon, while the process that carries an admitted run starts (before it stages): refresh the
     mirror with the daemon's keeper (in proportion to what changed), reference the generation
     for the run, and leave the view in the run's folder for `stage` to take."""
     rec = svc.store.get_run(run_id)

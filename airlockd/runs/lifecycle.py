@@ -74,12 +74,17 @@ class RunLifecycle:
 
     # -- transitions ----------------------------------------------------------------------------
 
-    def transition(self, rec: RunRecord, dst: RunState, detail: str = "", **fields: object) -> RunRecord:
-        """Persist a state change (checked against the run state machine), let the agent's
-        conversation follow it, audit it, then announce it. Raises StateError when not allowed."""
+    def transition(
+        self, rec: RunRecord, dst: RunState, detail: str = "", *, expect: RunState | None = None, **fields: object
+    ) -> RunRecord:
+        """Persist a state change (checked against the run state machine; with `expect`, only
+        from that state), let the agent's conversation follow it, audit it, then announce it.
+        Raises StateError when not allowed."""
         detail = self.redactor.text(detail)
 
         def change(r: RunRecord) -> None:
+            if expect is not None and r.state is not expect:
+                raise StateError(f"run {r.id} is {r.state.value}, not {expect.value}")
             if r.state != dst and not allowed(r.state, dst):
                 raise StateError(f"run {r.id} is {r.state.value}; it cannot become {dst.value}")
             r.state = dst

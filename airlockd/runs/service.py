@@ -378,9 +378,19 @@ class Service:
 
     # -- stage, contain, inspect, classify ----------------------------------------------------
 
-    def execute(self, run_id: str, progress: Progress = _noop) -> RunRecord:
-        """Take an admitted run to `proposed` (or to the state that ended it). Blocking."""
-        rec = self._claim(run_id, RunState.ADMITTED)
+    def execute(self, run_id: str, progress: Progress = _noop, ready: Callable[[], None] = lambda: None) -> RunRecord:
+        """Take an admitted run to `proposed` (or to the state that ended it). Blocking. `ready`
+        waits, once the run is claimed, for what the starting daemon prepares for its staging."""
+        me, started = os.getpid(), recovery.process_start(os.getpid())  # claimed and staging in one write
+        rec = self.lifecycle.transition(
+            self.store.get_run(run_id), RunState.STAGING, expect=RunState.ADMITTED, owner_pid=me, owner_start=started
+        )
+        try:
+            ready()
+        except Exception as exc:
+            msg = self.redactor.text(str(exc))
+            self.lifecycle.transition(rec, RunState.FAILED, msg, error=msg)
+            raise
         prompt = (self.state.run_dir(rec.id) / "prompt.raw").read_text()
         self.redactor.learn(prompt)
 
@@ -412,7 +422,8 @@ class Service:
         return self._carry(rec, run, progress)
 
     def _claim(self, run_id: str, expected: RunState) -> RunRecord:
-        """This process carries the run from now on (so a later start knows whether it lives)."""
+        """This process carries the run from now on (so a later start knows whether it lives).
+        (`execute` claims the admitted run as it moves it to staging, in the same write.)"""
         me, started = os.getpid(), recovery.process_start(os.getpid())
 
         def own(r: RunRecord) -> None:  # checked and claimed in one transaction

@@ -394,8 +394,8 @@ class EngineMirror:
         mirror's serial as the caller's refresh left it, under which the generation is
         referenced by the run and cannot change: staging/mirror.py): a generation last synced at
         that version, by any process, is taken as it is there, at the cost of asking the engine
-        for the volume (still the one synced to: its nonce). The daemon syncs before it starts a
-        run's process, so that process reads no record and scans no tree."""
+        for the volume (still the one synced to: its nonce). The daemon syncs before a run's
+        process stages, so that process reads no record and scans no tree."""
         gen = tree.name
         with FileLock(str(self.root / "engine-mirror.lock")):
             if version is not None:

@@ -293,6 +293,47 @@ def test_a_transition_is_persisted_before_it_is_announced_and_checked(tmp_path: 
     assert not (svc.state.run_dir(rec.id) / "staging").exists()  # settled: its staging released
 
 
+def test_a_run_is_claimed_as_it_starts_staging_and_stages_only_once_ready(tmp_path: Path) -> None:
+    """`execute` claims the admitted run and moves it to staging in one write, then waits for
+    `ready` (a daemon's run process: what the daemon prepares meanwhile) before it stages; a second
+    process cannot claim it again, and a `ready` that fails fails the run, saying why."""
+    import os
+
+    ws = workspace(tmp_path)
+    staged: list[bool] = []
+
+    def agent(s: Path) -> bytes:
+        staged.append(True)
+        (s / "src" / "a.py").write_text("A = 2\n")
+        return b"done\n"
+
+    svc = Service(ws, sandbox=FakeSandbox(agent))
+    run_id = svc.submit("bot", "edit").id
+    writes = len(svc.store.get_run(run_id).transitions)
+    seen: list[RunRecord] = []
+
+    def ready() -> None:
+        seen.append(svc.store.get_run(run_id))
+        assert not staged and not (svc.state.run_dir(run_id) / "staging").exists()
+
+    rec = svc.execute(run_id, ready=ready)
+    assert rec.state is RunState.PROPOSED and staged == [True]
+    (at_ready,) = seen
+    assert at_ready.state is RunState.STAGING and at_ready.owner_pid == os.getpid()
+    assert len(at_ready.transitions) == writes + 1  # admitted -> staging, nothing between
+    with pytest.raises(StateError, match="not admitted"):
+        svc.execute(run_id)
+
+    def broken() -> None:
+        raise ValueError("the daemon's last line is not JSON")
+
+    other = svc.submit("bot", "again").id
+    with pytest.raises(ValueError):
+        svc.execute(other, ready=broken)
+    failed = svc.store.get_run(other)
+    assert failed.state is RunState.FAILED and "not JSON" in (failed.error or "")
+
+
 def _restructure(s: Path) -> bytes:
     """An agent that turns a file into a directory (a type change: two transactions) and edits one."""
     (s / "notes.txt").unlink()

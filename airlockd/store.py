@@ -335,9 +335,13 @@ class Store:
         return [AgentUsage.model_validate(r) for r in _open(self.state.index_file).table("agents").all()]
 
     def update_agent(self, name: str, fn: Callable[[AgentUsage], None]) -> AgentUsage:
+        """Change the agent's usage with `fn` under the lock; one that changes nothing writes nothing."""
         with self.tx() as tx:
-            tx.changed.append("")  # a change a follower reads the agents for
-            return update_agent_in(tx.index, name, fn)
+            before = _agent_row(tx.index, name)
+            usage = update_agent_in(tx.index, name, fn)
+            if _agent_row(tx.index, name) != before:
+                tx.changed.append("")  # a change a follower reads the agents for
+            return usage
 
 
 def _agent_in(db: TinyDB, name: str) -> AgentUsage:
@@ -346,11 +350,17 @@ def _agent_in(db: TinyDB, name: str) -> AgentUsage:
 
 
 def update_agent_in(db: TinyDB, name: str, fn: Callable[[AgentUsage], None]) -> AgentUsage:
-    table = db.table("agents")
     usage = _agent_in(db, name)
     fn(usage)
-    table.upsert(usage.model_dump(mode="json"), Query().name == name)
+    row = usage.model_dump(mode="json")
+    if _agent_row(db, name) != row:  # (unchanged: the index is not written again)
+        db.table("agents").upsert(row, Query().name == name)
     return usage
+
+
+def _agent_row(db: TinyDB, name: str) -> dict[str, Any] | None:
+    found = db.table("agents").get(Query().name == name)
+    return dict(found) if isinstance(found, dict) else None
 
 
 def _pending(tx: Tx) -> set[str]:

@@ -93,12 +93,11 @@ def inspect(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
                 path=f.path,
                 why="the live file changed between staging and inspection",
             )
-    rec = svc.store.update_run(rec.id, lambda r: setattr(r, "files", files))
     svc.store.update_agent(rec.agent, lambda u: setattr(u, "consecutive_violations", 0))
     summary = f"{len(files)} changes: " + ", ".join(
         f"{sum(1 for f in files if f.decision is d)} {d.value}" for d in Decision
     )
-    rec = svc.lifecycle.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time())
+    rec = svc.lifecycle.transition(rec, RunState.PROPOSED, summary, proposed_at=time.time(), files=files)
     if rec.mode == Mode.AUTO.value:
         auto = [f.path for f in rec.files if f.decision is Decision.AUTO and f.state is FileState.PENDING]
         if auto:

@@ -53,6 +53,21 @@ def test_store_is_safe_across_processes(tmp_path: Path, _state_dir: Path) -> Non
     assert Store(StateDir.for_workspace(tmp_path)).get_agent("a").runs_used == 100
 
 
+def test_an_agent_change_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
+    """A run's end resets the agent's consecutive violations: when they are 0 already the index
+    is not written again."""
+    state = StateDir.for_workspace(tmp_path).ensure()
+    store = Store(state)
+    store.update_agent("a", lambda u: setattr(u, "runs_used", 1))
+    before = state.index_file.stat()
+    assert store.update_agent("a", lambda u: setattr(u, "consecutive_violations", 0)).runs_used == 1
+    after = state.index_file.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    store.update_agent("a", lambda u: setattr(u, "consecutive_violations", 2))
+    assert state.index_file.stat().st_ino != before.st_ino  # replaced: written atomically
+    assert Store(state).get_agent("a").consecutive_violations == 2
+
+
 def test_audit_chain_detects_each_tamper_kind(tmp_path: Path) -> None:
     log = AuditLog(tmp_path / "audit.jsonl", Redactor(), fsync=False)
     for i in range(5):

@@ -241,7 +241,7 @@ def test_a_long_lived_store_repairs_what_another_process_left_pending_before_it_
     with pytest.raises(KeyboardInterrupt):
         other.update_run(rec.id, lambda r: setattr(r, "state", RunState.UNDONE))
     monkeypatch.undo()
-    svc.store.update_agent("bot", lambda u: None)  # the daemon's next write, about something else
+    svc.store.update_agent("bot", lambda u: setattr(u, "runs_used", u.runs_used + 1))  # the daemon's next write
     line = svc.store.line(rec.id)
     assert line is not None and line.state is RunState.UNDONE
     assert json.loads(svc.state.index_file.read_text())["meta"]["1"]["pending"] == []

@@ -152,7 +152,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
     ls.run_processes[run_id] = proc
     assert proc.stdin is not None  # what this daemon has learned to mask, in memory only
     proc.stdin.write(_known(svc))
-    # the process makes itself ready and claims the run meanwhile; the end of its stdin lets it stage
+    # the process makes itself ready and claims the run meanwhile; READY on its stdin lets it stage
     gate = ls.spawn(_prepare(ls, run_id, proc.stdin), name=f"prepare {run_id}")
     errors = ls.spawn(_drain_stderr(proc, run_id), name=f"stderr {run_id}")
     last: RunState | None = None  # the state the run process last announced
@@ -173,7 +173,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
                 status.on_event(ls, ev)
         # its output closed: the next run's spare is made now (its holder goes meanwhile), and
         # a waiting CLI may go on (it has nothing more to do)
-        spare = ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
+        spare = ls.spawn(_spare_after(ls, run_id, gate), name=f"spare after {run_id}")
         if done is not None and last is not None and not last.live:
             done(last)
         code = await proc.wait()
@@ -182,7 +182,7 @@ async def carry(ls: AirlockServer, run_id: str, done: Callable[[RunState], None]
             await asyncio.wait([gate])
         ls.run_processes.pop(run_id, None)
         if spare is None:
-            ls.spawn(_spare_after(ls, run_id), name=f"spare after {run_id}")
+            ls.spawn(_spare_after(ls, run_id, gate), name=f"spare after {run_id}")
     tail = await errors
     rec = await ls.call(svc.store.get_run, run_id)
     progress.end(rec.state.value)
@@ -233,9 +233,9 @@ def _known(svc: Any) -> bytes:
 
 async def _prepare(ls: AirlockServer, run_id: str, stdin: asyncio.StreamWriter) -> None:
     """What the run's staging uses, made ready while its process starts, each beside the other:
-    the mirror brought up to date and a spare holder set aside; then its stdin ends (with what
-    was learned meanwhile), the process's word to stage. What fails here the run's process does
-    itself."""
+    the mirror brought up to date and a spare holder set aside; then a line of what was learned
+    meanwhile and the word READY, the process's word to stage, and its stdin ends. What fails
+    here the run's process does itself."""
     svc = ls.service
 
     async def view() -> None:
@@ -250,15 +250,18 @@ async def _prepare(ls: AirlockServer, run_id: str, stdin: asyncio.StreamWriter) 
         except Exception:
             log.exception("run %s: no spare holder set aside", run_id)
 
+    word = b""
     try:
         await asyncio.gather(view(), spare())
+        word = carrier.READY.encode() + b"\n"
+    finally:  # (cancelled, the daemon handing over: no word, and the process learns the values itself)
         with contextlib.suppress(OSError, RuntimeError):  # (a process that already ended)
-            stdin.write(_known(svc))
-    finally:
+            stdin.write(_known(svc) + word)
         stdin.close()
 
 
-async def _spare_after(ls: AirlockServer, run_id: str) -> None:
+async def _spare_after(ls: AirlockServer, run_id: str, gate: asyncio.Task[None]) -> None:
+    await asyncio.wait([gate])  # a spare set aside for a process that ended before it took it goes
     try:
         await ls.call(ahead.after, ls.service, run_id)
     except Exception:  # the next run's process makes its own holder

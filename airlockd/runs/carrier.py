@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -28,6 +28,7 @@ from airlockd.redact import install_log_redaction, scrub
 from airlockd.runs.service import Service
 
 MODULE = "airlockd.runs.carrier"  # `python -m MODULE ARGV`: a run process without the launcher
+READY = '"ready"'  # the daemon's last line on a run process's stdin: what it prepares is ready
 
 
 def argv_for(workspace: Path, run_id: str, *, events: bool = False, values_on_stdin: bool = False) -> list[str]:
@@ -45,18 +46,19 @@ def carry(
     stand in for a walk of the workspace, and the end of stdin is its word to stage."""
     if values_on_stdin:
         # started by a daemon, which recovered at its start and reconciles dead runs as it goes.
-        # Its first line: what it has learned to mask; the end of stdin: its word that the run's
-        # view and spare holder are ready (with what it learned meanwhile), so this process makes
-        # itself ready and claims the run while the daemon prepares them (`ready`). Nothing at all:
-        # the daemon is gone before it said anything, and this process learns the values itself.
+        # Its first line: what it has learned to mask. This process makes itself ready and claims
+        # the run on it while the daemon prepares the run's view and spare holder; then a line with
+        # what the daemon learned meanwhile and READY, its word to stage (`ready`). Nothing at all:
+        # the daemon was gone before it said anything, and this process learns the values itself.
         svc = Service(workspace, actor="cli", known_values=_known(sys.stdin.readline()))
     else:
         svc = Service(workspace, actor="cli").recover()
 
     def ready() -> None:
-        if values_on_stdin:
-            for line in sys.stdin:
-                svc.redactor.restore(_known(line) or [])
+        if values_on_stdin and not until_ready(sys.stdin, svc.redactor.restore):
+            # its input ended before the word: the daemon left (or was cancelled) while it
+            # prepared, maybe after it learned values this process was never told: learned here
+            svc.learn_withheld_again()
 
     if resume:
         ready()  # nothing is prepared for a run re-attached to: all the daemon knows, first
@@ -89,6 +91,16 @@ def carry(
         _said_all(out)  # the daemon tells its clients now, while the holder is let go of
         svc.close()
     return None
+
+
+def until_ready(stream: Iterable[str], restore: Callable[[dict[str, list[str]] | list[str]], None]) -> bool:
+    """Read the daemon's lines up to its word READY, each what it learned to mask (`restore`d);
+    False when the input ends without the word."""
+    for line in stream:
+        if line.strip() == READY:
+            return True
+        restore(_known(line) or [])
+    return False
 
 
 def _known(line: str) -> dict[str, list[str]] | list[str] | None:

@@ -119,6 +119,26 @@ def stage(svc: Service, rec: RunRecord, progress: Progress) -> RunRecord:
     return svc.store.update_run(rec.id, record)
 
 
+def asked_before_staging(svc: Service, rec: RunRecord) -> ExitInfo | None:
+    """A stop or kill asked for while the run was claimed and waiting for what the daemon
+    prepares (nothing staged, no container): how it ended, for `ending`; else None."""
+    asked = svc.store.get_run(rec.id).stop_kind
+    if asked is None:
+        return None
+    return ExitInfo(
+        container_id="",
+        exit_code=None,
+        oom_killed=False,
+        timed_out=False,
+        output_limited=False,
+        stopped=asked,
+        duration_s=0.0,
+        output_bytes=0,
+        output_tail=b"",
+        effective={},
+    )
+
+
 def held_upper(svc: Service, agent: str | None = None) -> HeldUpper | None:
     """The engine's holder of capped upper layers when this process cannot mount one (not
     root) and the engine can serve the run's overlay; else None. Its holders run the agent's

@@ -99,11 +99,7 @@ class Service:
         self.redactor.add_detectors(*(d.detector for d in self.policy.withhold.custom))
         self._learn_gateway_key()
         # withheld values are masked in whatever this process prints, even input echoed in an error
-        lowest = min(
-            (self.policy.clearance_for(a) for a in self.policy.agents),
-            key=lambda lvl: lvl.rank,
-            default=self.policy.defaults.clearance,
-        )
+        lowest = self._lowest()
         self._learned: tuple[float, Any] | None = None  # (when, at which clearance)
         self.keeper: MirrorKeeper | None = None  # set by keep_mirrors() in a long-lived process
         # a run's process a daemon started: the daemon made ready what it could (execution.prepare)
@@ -215,6 +211,19 @@ class Service:
                 return
         learn_withheld(self.workspace, self.policy, clearance, self.redactor, also=self.store.recent_withheld())
         self._learned = (now, clearance)
+
+    def learn_withheld_again(self) -> None:
+        """Read the withheld values afresh, at the lowest clearance of any agent (a run's process
+        whose daemon left before it said all it knows)."""
+        self._learned = None
+        self.learn_withheld(self._lowest())
+
+    def _lowest(self) -> Level:
+        return min(
+            (self.policy.clearance_for(a) for a in self.policy.agents),
+            key=lambda lvl: lvl.rank,
+            default=self.policy.defaults.clearance,
+        )
 
     def keep_mirrors(self, walker: Callable[[Level], None] | None = None) -> str | None:
         """Keep this workspace's mirrors up to date from file events, for a process that serves
@@ -385,16 +394,14 @@ class Service:
         rec = self.lifecycle.transition(
             self.store.get_run(run_id), RunState.STAGING, expect=RunState.ADMITTED, owner_pid=me, owner_start=started
         )
-        try:
-            ready()
-        except Exception as exc:
-            msg = self.redactor.text(str(exc))
-            self.lifecycle.transition(rec, RunState.FAILED, msg, error=msg)
-            raise
         prompt = (self.state.run_dir(rec.id) / "prompt.raw").read_text()
         self.redactor.learn(prompt)
 
-        def run() -> ExitInfo:
+        def run() -> ExitInfo:  # (a failure of `ready` fails the run, and its prompt goes with it)
+            ready()
+            asked = execution.asked_before_staging(self, rec)  # while the daemon prepared
+            if asked is not None:
+                return asked
             staged = execution.stage(self, rec, progress)
             return execution.contain(self, staged, prompt, progress)
 

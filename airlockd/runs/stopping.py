@@ -64,10 +64,16 @@ class RunStopper:
         )
         kind = "kill" if kill else "stop"
         if rec.state is RunState.ADMITTED and rec.owner_pid is None:  # no process carries it yet: ends here
-            for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
-                (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
             state = RunState.KILLED if kill else RunState.STOPPED
-            return self.lifecycle.transition(rec, state, f"{kind} requested by {self.actor()} before the run started")
+            why = f"{kind} requested by {self.actor()} before the run started"
+            try:  # unless its process claims it meanwhile (then that process ends it, before it stages)
+                ended = self.lifecycle.transition(rec, state, why, expect=RunState.ADMITTED)
+            except StateError:
+                ended = None
+            if ended is not None:
+                for name in ("prompt.raw", "prompt"):  # the unredacted prompt of a run that will never run
+                    (self.state.run_dir(rec.id) / name).unlink(missing_ok=True)
+                return ended
         grace = 0.0 if kill else self.policy().agent(rec.agent).limits.grace_s
         deliver = (lambda: self.sandbox().kill(rec.id)) if kill else (lambda: self.sandbox().stop(rec.id, grace))
         reached = deliver()

@@ -118,3 +118,20 @@ def test_a_run_process_that_said_all_lets_its_reader_go_on_before_it_ends() -> N
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # and its child
         proc.wait()
+
+
+def test_a_run_process_reads_what_the_daemon_learned_up_to_its_word_to_stage() -> None:
+    """The daemon's lines after the first (what it learned while it prepared) are learned, up to
+    READY; an input that ends without the word says the daemon left, so the process learns the
+    values itself (carrier.carry)."""
+    import io
+
+    from airlockd.redact import Redactor
+
+    red = Redactor()
+    said = io.StringIO('{"values": ["s3cr3t-value-one"], "in_names": []}\n' + carrier.READY + "\nnever read\n")
+    assert carrier.until_ready(said, red.restore)
+    assert "s3cr3t-value-one" not in red.text("x s3cr3t-value-one y") and said.readline() == "never read\n"
+    cut = Redactor()
+    assert not carrier.until_ready(io.StringIO('["s3cr3t-value-two"]\n'), cut.restore)
+    assert "s3cr3t-value-two" not in cut.text("s3cr3t-value-two")

@@ -328,10 +328,32 @@ def test_a_run_is_claimed_as_it_starts_staging_and_stages_only_once_ready(tmp_pa
         raise ValueError("the daemon's last line is not JSON")
 
     other = svc.submit("bot", "again").id
-    with pytest.raises(ValueError):
-        svc.execute(other, ready=broken)
-    failed = svc.store.get_run(other)
+    failed = svc.execute(other, ready=broken)
     assert failed.state is RunState.FAILED and "not JSON" in (failed.error or "")
+    assert not (svc.state.run_dir(other) / "prompt.raw").exists()  # the unredacted prompt goes with it
+    assert staged == [True]
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_a_stop_asked_while_the_daemon_prepares_ends_the_run_before_it_stages(tmp_path: Path, kill: bool) -> None:
+    """A stop (or kill) that comes while the run's process, which claimed the run, waits for what
+    the daemon prepares: the stopper cannot end it itself any more (it is claimed), so the
+    process ends it as soon as it may go on, with nothing staged and no container."""
+    ws = workspace(tmp_path)
+    ran: list[bool] = []
+    svc = Service(ws, sandbox=FakeSandbox(lambda s: ran.append(True) or b""))
+    run_id = svc.submit("bot", "edit").id
+    asked: list[RunRecord] = []
+
+    def ready() -> None:  # the person's stop arrives from another door meanwhile
+        other = Service(ws, sandbox=FakeSandbox(lambda s: b""))
+        asked.append(other.stop(run_id, kill=kill, wait=False))
+
+    rec = svc.execute(run_id, ready=ready)
+    assert asked[0].state is RunState.STAGING and asked[0].stop_kind == ("kill" if kill else "stop")
+    assert rec.state is (RunState.KILLED if kill else RunState.STOPPED) and not ran
+    assert not (svc.state.run_dir(run_id) / "staging").exists()
+    assert not (svc.state.run_dir(run_id) / "prompt.raw").exists()
 
 
 def _restructure(s: Path) -> bytes:

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakesandbox import FakeSandbox, _unmount_staging, workspace  # noqa: F401
@@ -74,15 +75,36 @@ def test_stop_of_a_run_no_process_carries_yet_ends_it_at_once(tmp_path: Path) ->
     assert not (svc.state.run_dir(rec.id) / "prompt.raw").exists()  # the unredacted prompt goes with it
 
 
-def test_a_stop_recorded_while_staging_is_honoured_before_the_start(tmp_path: Path) -> None:
+def test_a_stop_recorded_while_staging_is_honoured_before_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airlockd.runs import execution
+
     fake = FakeSandbox(act=lambda ws: (ws / "ran").write_text("x") and None)
     svc = Service(workspace(tmp_path), sandbox=fake)
     rec = svc.submit("bot", "work")
-    # as another process's `stop --no-wait` leaves it: recorded, but no container to reach yet
-    svc.store.update_run(rec.id, lambda r: setattr(r, "stop_kind", "stop"))
+    stage = execution.stage
+
+    def staged_then_stopped(*args: Any) -> Any:
+        staged = stage(*args)
+        # as another process's `stop --no-wait` leaves it: recorded, but no container to reach yet
+        svc.store.update_run(rec.id, lambda r: setattr(r, "stop_kind", "stop"))
+        return staged
+
+    monkeypatch.setattr(execution, "stage", staged_then_stopped)
     ended = svc.execute(rec.id)
     assert ended.state is RunState.STOPPED
     assert fake.seen and ended.container["exit_code"] is None  # created, never started
+
+
+def test_a_stop_recorded_before_staging_ends_the_run_with_nothing_staged(tmp_path: Path) -> None:
+    fake = FakeSandbox(act=lambda ws: (ws / "ran").write_text("x") and None)
+    svc = Service(workspace(tmp_path), sandbox=fake)
+    rec = svc.submit("bot", "work")
+    svc.store.update_run(rec.id, lambda r: setattr(r, "stop_kind", "kill"))  # while its process started
+    ended = svc.execute(rec.id)
+    assert ended.state is RunState.KILLED and not fake.seen
+    assert not (svc.state.run_dir(rec.id) / "staging").exists()
 
 
 def _stuck(tmp_path: Path, pid: int) -> tuple[Service, RunRecord]:

@@ -51,7 +51,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -608,7 +608,7 @@ def _exec(client: Any, holder: str, argv: list[str]) -> Iterator[bytes]:
         raise EngineError(f"reading the upper layer in {holder} failed (exit {code}): {' / '.join(text)}")
 
 
-def dump(client: Any, held: HeldLayers, name: str = "upper") -> Iterator[bytes]:
+def dump(client: Any, held: HeldLayers, name: str = "upper") -> Generator[bytes, None, None]:
     """The tree `name` of the capped filesystem (the upper layer, or the agent's home) as
     `upperdump.read_dump` reads it: from the holder's service (sandbox/holdservice.py), else by
     an exec. Closing the iterator early (a bound was met) leaves the program to end when the

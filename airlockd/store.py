@@ -339,7 +339,7 @@ class Store:
         with self.tx() as tx:
             before = _agent_row(tx.index, name)
             usage = update_agent_in(tx.index, name, fn)
-            if _agent_row(tx.index, name) != before:
+            if usage.model_dump(mode="json") != before:
                 tx.changed.append("")  # a change a follower reads the agents for
             return usage
 

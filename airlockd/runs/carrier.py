@@ -43,7 +43,7 @@ def carry(
     """Carry (or, with `resume`, re-attach to) one run until it is proposed or ends; the final
     record, or None with `events` (then the events are the report). `values_on_stdin`: the
     withheld values the starting daemon has learned, as JSON lines on stdin (Redactor.export),
-    stand in for a walk of the workspace, and the end of stdin is its word to stage."""
+    stand in for a walk of the workspace, and its last line, READY, is its word to stage."""
     if values_on_stdin:
         # started by a daemon, which recovered at its start and reconciles dead runs as it goes.
         # Its first line: what it has learned to mask. This process makes itself ready and claims

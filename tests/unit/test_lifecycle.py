@@ -436,3 +436,13 @@ def test_a_conflict_in_a_decisions_second_transaction_leaves_nothing_written(
     monkeypatch.setattr(review_mod, "commit", real_commit)
     got = svc.review.approve(rec.id, ["notes.txt", "notes.txt/index.md"])
     assert (ws / "notes.txt" / "index.md").read_text() == "# notes\n" and "notes.txt" in got.applied
+
+
+def test_a_run_process_whose_daemon_left_before_its_word_learns_the_withheld_values_itself(tmp_path: Path) -> None:
+    """The carrier's fallback (`until_ready` False): told nothing, or only part of what the
+    daemon knew, it reads the workspace's withheld values afresh before it stages."""
+    ws = workspace(tmp_path)
+    told_nothing = Service(ws, sandbox=FakeSandbox(), known_values=[])
+    assert "Zq8-withheld-value-xK31" in told_nothing.redactor.text("Zq8-withheld-value-xK31")
+    told_nothing.learn_withheld_again()
+    assert "Zq8-withheld-value-xK31" not in told_nothing.redactor.text("Zq8-withheld-value-xK31")

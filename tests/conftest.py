@@ -26,12 +26,26 @@ def _engine_answers() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _rerun_known_stalls(items)
     if REQUIRE_DOCKER or _engine_answers():
         return
     skip = pytest.mark.skip(reason="no Docker engine (set AIRLOCK_REQUIRE_DOCKER=1 to require it)")
     for item in items:
         if "docker" in item.keywords:
             item.add_marker(skip)
+
+
+def _rerun_known_stalls(items: list[pytest.Item]) -> None:
+    """A module that names a stall of a third-party program under one runtime
+    (`KNOWN_STALL = (runtime, signature, reruns)`: a message its tests fail with then, and only
+    then) has those tests run again, up to `reruns` times, when they fail with exactly that
+    message under that runtime (pytest-rerunfailures; the summary counts each rerun). Any other
+    failure, and that one under any other runtime, fails at once."""
+    for item in items:
+        known = getattr(getattr(item, "module", None), "KNOWN_STALL", None)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if known is not None and params.get("runtime") == known[0]:
+            item.add_marker(pytest.mark.flaky(reruns=known[2], only_rerun=[known[1]]))
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 AGENT_IMAGES = ("codex",)  # loaded into the other engines (tests/conftest.py)
 
 KEY_ENV = "AIRLOCK_TEST_CODEX_UPSTREAM_KEY"
+WALL_S = 60  # a turn takes 3 s under runc and 10 s under runsc; a stalled one costs no more than this
+# Under this machine's gVisor (Debian's runsc, release 2022-12-19) Codex now and then stops after a
+# command of its own has exited: the command is left a zombie, Codex's runtime goes on waking and
+# asks the model nothing more, until airlockd ends the run at its wall time (docs/containment.md,
+# "Codex under runsc"). 4 of 46 runs of the test below did so here; no CI run saw it under runc.
+# Such a failure, and only it, runs the test again (tests/conftest.py); any other failure fails.
+STALL = "Codex went quiet until its wall time"
+KNOWN_STALL = ("runsc", STALL, 2)
 PROBE = "env; cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u"
 
 
@@ -55,7 +63,7 @@ def make_ws(tmp_path: Path, upstream: str, runtime: str = "runc") -> Path:
     (ws / "old.txt").write_text("to be deleted\n")
     (ws / "policies.toml").write_text(
         f'[agents.codex]\nadapter = "codex"\nnetwork = "gateway"\nruntime = "{runtime}"\n'
-        "[agents.codex.limits]\nwall_time_s = 120\nmemory_mb = 1024\n"
+        f"[agents.codex.limits]\nwall_time_s = {WALL_S}\nmemory_mb = 1024\n"
         f'[gateway]\nupstream = "{upstream}"\nkey_env = "{KEY_ENV}"\nkey_file = ""\n'
         'allowed = ["POST /v1/responses"]\n'
     )
@@ -71,6 +79,15 @@ def changes(rec: Any) -> dict[str, str]:
     return {f.path: f.change for f in rec.files}
 
 
+def settled(svc: Service, rec: Any) -> Any:
+    """`rec`, once it is sure Codex did not stall (STALL: ended at its wall time), with the end of
+    what it printed when it did."""
+    if rec.state is RunState.LIMIT_EXCEEDED and rec.limit is not None and rec.limit.limit == "wall_time":
+        tail = (svc.state.run_dir(rec.id) / "output.log").read_text(errors="replace")[-1500:]
+        pytest.fail(f"{STALL} ({rec.limit.measured} s); it printed last:\n{tail}")
+    return rec
+
+
 def test_codex_end_to_end_through_the_gateway(
     tmp_path: Path, model: ScriptedModel, real_key: str, runtime: str
 ) -> None:
@@ -84,7 +101,7 @@ def test_codex_end_to_end_through_the_gateway(
     ]
     ws = make_ws(tmp_path, model.url, runtime)
     svc = Service(ws)
-    rec = svc.execute(svc.submit("codex", "turn one: make the changes").id)
+    rec = settled(svc, svc.execute(svc.submit("codex", "turn one: make the changes").id))
     assert rec.container.get("runtime") == runtime, rec.container
     assert rec.state is RunState.PROPOSED, (
         rec.state,
@@ -111,7 +128,7 @@ def test_codex_end_to_end_through_the_gateway(
     assert svc.store.get_run(rec.id).state is RunState.REJECTED
     seen = len(model.seen)
     model.replies = [Reply([message("turn two done")], usage(50, 5))]
-    rec2 = svc.execute(svc.submit("codex", "turn two: continue", follow_up=rec.id).id)
+    rec2 = settled(svc, svc.execute(svc.submit("codex", "turn two: continue", follow_up=rec.id).id))
     assert rec2.state in (RunState.PROPOSED, RunState.APPLIED), rec2.error
     sent = inputs_text(model, seen)
     assert "turn two: continue" in sent
@@ -124,7 +141,7 @@ def test_codex_end_to_end_through_the_gateway(
         Reply([exec_call("echo three > three.txt")], usage(60, 6)),
         Reply([message("turn three done")], usage(70, 7)),
     ]
-    rec3 = svc.execute(svc.submit("codex", "turn three: write three.txt").id)
+    rec3 = settled(svc, svc.execute(svc.submit("codex", "turn three: write three.txt").id))
     assert changes(rec3) == {"three.txt": "created"}, (
         rec3.state,
         rec3.error,
@@ -135,7 +152,7 @@ def test_codex_end_to_end_through_the_gateway(
     assert (ws / "three.txt").read_text() == "three\n"
     seen = len(model.seen)
     model.replies = [Reply([message("turn four done")], usage(80, 8))]
-    rec4 = svc.execute(svc.submit("codex", "turn four: and now?", follow_up=rec3.id).id)
+    rec4 = settled(svc, svc.execute(svc.submit("codex", "turn four: and now?", follow_up=rec3.id).id))
     assert rec4.state in (RunState.PROPOSED, RunState.APPLIED), rec4.error
     sent = inputs_text(model, seen)
     assert "turn four: and now?" in sent
@@ -159,7 +176,7 @@ def test_the_agents_home_is_capped_like_its_workspace(
     policy.write_text(policy.read_text().replace("memory_mb = 1024\n", "memory_mb = 1024\nworkspace_growth_mb = 32\n"))
     svc = Service(ws)
     home = svc.state.root / "agents" / "codex" / "home"
-    rec = svc.execute(svc.submit("codex", "fill your home").id)
+    rec = settled(svc, svc.execute(svc.submit("codex", "fill your home").id))
     out = model.tool_outputs()[0]
     assert "No space left on device" in out, out
     assert rec.state is RunState.LIMIT_EXCEEDED and rec.limit is not None, (rec.state, rec.error)
@@ -172,7 +189,7 @@ def test_the_agents_home_is_capped_like_its_workspace(
         Reply([exec_call("echo kept > $CODEX_HOME/note.txt; echo x > x.txt")], usage(5, 1)),
         Reply([message("noted")], usage(5, 1)),
     ]
-    rec2 = svc.execute(svc.submit("codex", "write a note").id)
+    rec2 = settled(svc, svc.execute(svc.submit("codex", "write a note").id))
     assert rec2.state is RunState.PROPOSED, (rec2.state, rec2.error, rec2.limit)
     svc.review.approve(rec2.id)
     assert (home / "note.txt").read_text() == "kept\n"
@@ -192,11 +209,11 @@ def test_a_link_the_agent_leaves_for_its_config_is_never_followed(
     ]
     ws = make_ws(tmp_path, model.url)
     svc = Service(ws)
-    rec = svc.execute(svc.submit("codex", "link your config").id)
+    rec = settled(svc, svc.execute(svc.submit("codex", "link your config").id))
     assert rec.state is RunState.PROPOSED, (rec.state, rec.error)
     svc.review.approve(rec.id)
     model.replies = [Reply([exec_call("echo y > y.txt")], usage(5, 1)), Reply([message("ok")], usage(5, 1))]
-    rec2 = svc.execute(svc.submit("codex", "again").id)
+    rec2 = settled(svc, svc.execute(svc.submit("codex", "again").id))
     assert victim.read_text() == "host content\n"
     assert rec2.state is RunState.PROPOSED, (rec2.state, rec2.error, rec2.limit)
     home = svc.state.root / "agents" / "codex" / "home"
